@@ -1,0 +1,123 @@
+"""The capability registry: what each tool is, where its provider lives, and the
+policies that govern it. Loaded from a server-side TOML file only; a request never
+names a URL."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from dispatcher.errors import CapabilityNotFound, ValidationFailed
+
+DEFAULT_REGISTRY = Path(__file__).with_name("capabilities.toml")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class Endpoint(_Model):
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
+    url: str = Field(pattern=r"^https?://")
+    timeout_seconds: float = Field(default=10.0, gt=0)
+
+
+class RetryPolicy(_Model):
+    """Retries of requests that provably never reached the provider (same key)."""
+
+    max_attempts: int = Field(default=4, ge=1, le=50)
+    initial_backoff_seconds: float = Field(default=0.2, gt=0)
+    max_backoff_seconds: float = Field(default=10.0, gt=0)
+
+
+class ReconcilePolicy(_Model):
+    max_attempts: int = Field(default=10, ge=1)
+    initial_delay_seconds: float = Field(default=1.0, gt=0)
+    max_delay_seconds: float = Field(default=300.0, gt=0)
+    # How long the provider remembers idempotency keys; past it a re-send is unsafe.
+    idempotency_window_seconds: float = Field(default=86400.0, gt=0)
+    on_not_found: Literal["redispatch", "confirm_failure"] = "redispatch"
+    max_redispatches: int = Field(default=2, ge=0)
+
+
+class Capability(_Model):
+    id: str = Field(min_length=1, max_length=200)
+    description: str = ""
+    side_effects: bool
+    requires_approval: bool = False
+    enabled: bool = True
+    risk: Literal["low", "medium", "high"] = "low"
+    policy_version: int = 1
+    idempotency_key_template: str | None = None
+    request: Endpoint
+    status_lookup: Endpoint | None = None
+    compensation: Endpoint | None = None
+    retry: RetryPolicy = RetryPolicy()
+    reconcile: ReconcilePolicy = ReconcilePolicy()
+
+
+class CapabilityRegistry:
+    """Capabilities by id."""
+
+    def __init__(self, capabilities: Mapping[str, Capability]) -> None:
+        self._by_id = dict(capabilities)
+
+    def get(self, capability_id: str) -> Capability:
+        try:
+            return self._by_id[capability_id]
+        except KeyError:
+            raise CapabilityNotFound(capability_id) from None
+
+    def __iter__(self) -> Any:
+        return iter(self._by_id.values())
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+
+def load_registry(path: Path | None = None) -> CapabilityRegistry:
+    """Read ``[[capability]]`` tables from a TOML file (the packaged sandbox registry
+    when ``path`` is None). Raises ValueError naming the file on any mistake."""
+    source = path or DEFAULT_REGISTRY
+    try:
+        data = tomllib.loads(source.read_text())
+        items = [Capability.model_validate(raw) for raw in data.get("capability", [])]
+    except (OSError, tomllib.TOMLDecodeError, ValidationError) as exc:
+        raise ValueError(f"capability registry {source}: {exc}") from exc
+    by_id: dict[str, Capability] = {}
+    for cap in items:
+        if cap.id in by_id:
+            raise ValueError(f"capability registry {source}: duplicate id {cap.id!r}")
+        by_id[cap.id] = cap
+    return CapabilityRegistry(by_id)
+
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_-]+)*)\}")
+
+
+def render_key_template(template: str, context: Mapping[str, Any]) -> str:
+    """Fill ``{name}`` / ``{input.field}`` placeholders; a missing value is a 400, because
+    silently keying on an empty string would merge unrelated requests."""
+
+    def lookup(match: re.Match[str]) -> str:
+        value: Any = context
+        for part in match.group(1).split("."):
+            if not isinstance(value, Mapping) or value.get(part) is None:
+                raise ValidationFailed(
+                    f"the idempotency key template needs {match.group(1)!r}",
+                    field=match.group(1),
+                )
+            value = value[part]
+        if isinstance(value, dict | list):
+            raise ValidationFailed(f"{match.group(1)!r} must be a scalar to key on")
+        return str(value)
+
+    return _PLACEHOLDER.sub(lookup, template)

@@ -1,0 +1,44 @@
+"""Schema migrations (Alembic), callable from the CLI, `up` and the tests."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import create_engine, pool
+
+from dispatcher.settings import to_sqlalchemy_url
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def alembic_config(database_url: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", to_sqlalchemy_url(database_url).replace("%", "%%"))
+    return cfg
+
+
+def _run(database_url: str, action: str, revision: str) -> None:
+    cfg = alembic_config(database_url)
+    engine = create_engine(to_sqlalchemy_url(database_url), poolclass=pool.NullPool)
+    try:
+        with engine.begin() as connection:
+            cfg.attributes["connection"] = connection
+            getattr(command, action)(cfg, revision)
+    finally:
+        engine.dispose()
+
+
+def upgrade(database_url: str, revision: str = "head") -> None:
+    _run(database_url, "upgrade", revision)
+
+
+def downgrade(database_url: str, revision: str = "base") -> None:
+    _run(database_url, "downgrade", revision)
+
+
+async def upgrade_async(database_url: str, revision: str = "head") -> None:
+    await asyncio.to_thread(upgrade, database_url, revision)

@@ -1,0 +1,78 @@
+"""Service settings: loaded once at the entry point, then passed down.
+
+Only this module reads the environment (prefix ``TOOL_DISPATCHER_``); every other
+module receives a :class:`Settings` instance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Scope = Literal["submit", "read", "approve", "operate"]
+ALL_SCOPES: tuple[Scope, ...] = ("submit", "read", "approve", "operate")
+
+
+class ApiKey(BaseModel):
+    """A producer credential: only the SHA-256 of the key is ever configured or stored."""
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    tenant: str = Field(min_length=1, max_length=128)
+    scopes: list[Scope] = Field(default_factory=lambda: list(ALL_SCOPES))
+    name: str = ""
+
+
+def hash_api_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Settings(BaseSettings):
+    """Everything configurable; ``TOOL_DISPATCHER_<FIELD>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="TOOL_DISPATCHER_", extra="ignore")
+
+    # None means "start an embedded one" (the `up` / `demo` commands do that).
+    database_url: str | None = None
+    kafka_bootstrap: str | None = None
+    # Tansu and some managed brokers reject the idempotent producer.
+    kafka_enable_idempotence: bool = True
+
+    state_dir: Path = Path(".tool-dispatcher")
+    capabilities_file: Path | None = None
+
+    http_host: str = "127.0.0.1"
+    http_port: int = 8780
+    max_body_bytes: int = 256 * 1024
+    api_keys: list[ApiKey] = Field(default_factory=list)
+
+    db_pool_size: int = 20
+    # Concurrent HTTP submissions are grouped into one commit; each caller is
+    # answered only after the transaction holding its rows committed.
+    intake_batch_max: int = 128
+
+    dispatch_topic: str = "tool-dispatcher.commands"
+    events_topic: str = "tool-dispatcher.events"
+    escalations_topic: str = "tool-dispatcher.escalations"
+
+    def sqlalchemy_url(self) -> str:
+        if self.database_url is None:
+            raise ValueError("no database configured (TOOL_DISPATCHER_DATABASE_URL)")
+        return to_sqlalchemy_url(self.database_url)
+
+
+def to_sqlalchemy_url(url: str) -> str:
+    """Accept libpq-style URLs and name the psycopg 3 driver explicitly."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    raise ValueError(f"not a PostgreSQL URL: {url.split('://')[0]}://...")
+
+
+def load_settings(overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Build settings from the environment, with explicit overrides winning (tests use these)."""
+    return Settings(**dict(overrides or {}))

@@ -1,0 +1,96 @@
+"""Execution and verification states, and the one table of allowed transitions.
+
+Pure data: :mod:`dispatcher.transitions` is the only code that moves a call, and it
+asks :func:`check_transition` first.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from dispatcher.errors import IllegalTransition
+
+
+class ExecutionStatus(StrEnum):
+    """Where a tool call is in its execution (what this service did)."""
+
+    PROPOSED = "proposed"
+    """Recorded, waiting for a human approval; no dispatch command exists."""
+    AUTHORIZED = "authorized"
+    """Allowed to run; its dispatch command is in the outbox."""
+    DISPATCHING = "dispatching"
+    """Claimed by a worker (point A); the request may be leaving right now."""
+    ACCEPTED = "accepted"
+    """The provider took the request but has not finished it."""
+    COMPLETED = "completed"
+    """The provider answered with a final success."""
+    FAILED = "failed"
+    """The provider answered with a definitive failure (nothing happened)."""
+    RESULT_UNKNOWN = "result_unknown"
+    """The request may have had its effect; the reconciler must find out."""
+    CONFIRMED = "confirmed"
+    """The reconciler or an operator established the outcome (see verification)."""
+    COMPENSATED = "compensated"
+    """The effect happened and was undone by the capability's compensation."""
+    ESCALATED = "escalated"
+    """Nobody could find out automatically; an on-call engineer owns it."""
+    REJECTED = "rejected"
+    """A human refused the approval."""
+    CANCELLED = "cancelled"
+    """Stopped before it was dispatched."""
+
+
+class VerificationStatus(StrEnum):
+    """What is known about the effect in the outside world."""
+
+    NOT_OBSERVED = "not_observed"
+    PENDING = "pending"
+    CONFIRMED_SUCCESS = "confirmed_success"
+    CONFIRMED_FAILURE = "confirmed_failure"
+    INCONCLUSIVE = "inconclusive"
+
+
+class ReconciliationStatus(StrEnum):
+    NOT_NEEDED = "not_needed"
+    PENDING = "pending"
+    SETTLED = "settled"
+    ESCALATED = "escalated"
+
+
+S = ExecutionStatus
+
+INITIAL_STATES: frozenset[ExecutionStatus] = frozenset({S.PROPOSED, S.AUTHORIZED})
+
+TRANSITIONS: dict[ExecutionStatus, frozenset[ExecutionStatus]] = {
+    S.PROPOSED: frozenset({S.AUTHORIZED, S.REJECTED, S.CANCELLED}),
+    S.AUTHORIZED: frozenset({S.DISPATCHING, S.CANCELLED}),
+    # dispatching -> authorized: a read-only call whose worker died is run again.
+    S.DISPATCHING: frozenset({S.ACCEPTED, S.COMPLETED, S.FAILED, S.RESULT_UNKNOWN, S.AUTHORIZED}),
+    S.ACCEPTED: frozenset({S.COMPLETED, S.FAILED, S.RESULT_UNKNOWN, S.CONFIRMED}),
+    # completed -> compensated: the run was stopped while the effect was happening.
+    S.COMPLETED: frozenset({S.COMPENSATED}),
+    # result_unknown -> dispatching: the reconciler re-sends with the SAME key.
+    S.RESULT_UNKNOWN: frozenset({S.CONFIRMED, S.COMPENSATED, S.ESCALATED, S.DISPATCHING}),
+    # escalated -> authorized / failed -> authorized: an operator's retry command.
+    S.ESCALATED: frozenset({S.CONFIRMED, S.COMPENSATED, S.AUTHORIZED}),
+    S.FAILED: frozenset({S.AUTHORIZED}),
+    S.CONFIRMED: frozenset(),
+    S.COMPENSATED: frozenset(),
+    S.REJECTED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+
+TERMINAL_STATES: frozenset[ExecutionStatus] = frozenset(
+    {S.COMPLETED, S.FAILED, S.CONFIRMED, S.COMPENSATED, S.REJECTED, S.CANCELLED}
+)
+
+
+def check_transition(current: ExecutionStatus, target: ExecutionStatus) -> None:
+    """Raise :class:`IllegalTransition` unless the table allows ``current -> target``."""
+    if target not in TRANSITIONS[current]:
+        raise IllegalTransition(current.value, target.value)
+
+
+def sources_of(target: ExecutionStatus) -> frozenset[ExecutionStatus]:
+    """Every state from which ``target`` may be entered."""
+    return frozenset(src for src, targets in TRANSITIONS.items() if target in targets)

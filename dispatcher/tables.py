@@ -1,0 +1,116 @@
+"""The dispatcher's tables (SQLAlchemy Core). The Alembic migrations create them;
+``tests/test_migrations.py`` proves the two agree."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+from dispatcher.states import ExecutionStatus, ReconciliationStatus, VerificationStatus
+from outbox_relay import outbox_table
+
+metadata = MetaData()
+
+
+def _one_of(
+    column: str, values: type[ExecutionStatus | VerificationStatus | ReconciliationStatus]
+) -> str:
+    listed = ", ".join(f"'{v.value}'" for v in values)
+    return f"{column} IN ({listed})"
+
+
+tool_calls = Table(
+    "tool_calls",
+    metadata,
+    Column("tool_call_id", Text, primary_key=True),
+    Column("tenant", Text, nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("turn_id", Text),
+    Column("capability_id", Text, nullable=False),
+    Column("input", JSONB, nullable=False),
+    Column("idempotency_key", Text, nullable=False),
+    Column("request_fingerprint", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("verification_status", Text, nullable=False, server_default="not_observed"),
+    Column("reconciliation_status", Text, nullable=False, server_default="not_needed"),
+    Column("external_request_id", Text),
+    Column("correlation_id", Text),
+    Column("causation_id", Text),
+    Column("reasoning_object_id", Text),
+    Column("dispatched_at", DateTime(timezone=True)),
+    Column("accepted_at", DateTime(timezone=True)),
+    Column("completed_at", DateTime(timezone=True)),
+    Column("result", JSONB),
+    Column("result_ref", Text),
+    Column("last_error", Text),
+    Column("dispatch_attempts", Integer, nullable=False, server_default="0"),
+    Column("reconcile_attempts", Integer, nullable=False, server_default="0"),
+    Column("next_reconcile_at", DateTime(timezone=True)),
+    Column("lease_owner", Text),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("version", Integer, nullable=False, server_default="1"),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    UniqueConstraint("tenant", "idempotency_key", name="uq_tool_calls_tenant_idempotency_key"),
+    CheckConstraint(_one_of("status", ExecutionStatus), name="ck_tool_calls_status"),
+    CheckConstraint(
+        _one_of("verification_status", VerificationStatus), name="ck_tool_calls_verification"
+    ),
+    CheckConstraint(
+        _one_of("reconciliation_status", ReconciliationStatus), name="ck_tool_calls_reconciliation"
+    ),
+    CheckConstraint(
+        "char_length(idempotency_key) BETWEEN 1 AND 255", name="ck_tool_calls_key_length"
+    ),
+    Index("ix_tool_calls_run", "tenant", "run_id", "created_at"),
+    # Hot-state partial indexes: the recovery sweep and the reconciler scan only these.
+    Index(
+        "ix_tool_calls_dispatching_lease",
+        "lease_expires_at",
+        postgresql_where=text("status = 'dispatching'"),
+    ),
+    Index(
+        "ix_tool_calls_unknown_due",
+        "next_reconcile_at",
+        postgresql_where=text("status = 'result_unknown'"),
+    ),
+)
+
+execution_events = Table(
+    "execution_events",
+    metadata,
+    # seq orders the log; event_id is the public, globally unique name of a fact.
+    Column("seq", BigInteger, Identity(always=True), primary_key=True),
+    Column("event_id", Text, nullable=False, unique=True),
+    Column("event_type", Text, nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("turn_id", Text),
+    Column("producer", Text, nullable=False),
+    Column("reasoning_object_id", Text),
+    Column("capability_id", Text),
+    Column("correlation_id", Text),
+    Column("causation_id", Text),
+    Column("tool_call_id", Text),
+    Column("schema_version", Integer, nullable=False),
+    Column("occurred_at", DateTime(timezone=True), nullable=False),
+    Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Index("ix_execution_events_run", "tenant", "run_id", "seq"),
+    Index("ix_execution_events_tool_call", "tool_call_id", "seq"),
+)
+
+outbox = outbox_table(metadata)

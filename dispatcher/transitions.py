@@ -1,0 +1,89 @@
+"""The only code that changes a tool call's execution status.
+
+Every move is checked against :data:`dispatcher.states.TRANSITIONS`, applied with a
+conditional UPDATE (``WHERE status IN (:expected)`` plus optional lease/version
+fences), and recorded as an execution event in the same transaction. Zero rows
+updated means someone else moved the call first: :class:`TransitionConflict`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sqlalchemy import Row, func, insert, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from dispatcher.errors import TransitionConflict
+from dispatcher.events import CallContext, EventType, event_row
+from dispatcher.states import ExecutionStatus, check_transition
+from dispatcher.tables import execution_events, tool_calls
+
+
+async def move(
+    session: AsyncSession,
+    tool_call_id: str,
+    *,
+    expected: ExecutionStatus | Iterable[ExecutionStatus],
+    target: ExecutionStatus,
+    event_type: EventType,
+    producer: str,
+    fields: Mapping[str, Any] | None = None,
+    payload: Mapping[str, Any] | None = None,
+    causation_id: str | None = None,
+    lease_owner: str | None = None,
+    version: int | None = None,
+) -> Row[Any]:
+    """Move one call from one of ``expected`` to ``target`` and record ``event_type``.
+
+    ``lease_owner`` / ``version`` fence out a worker whose claim was taken over: its
+    UPDATE matches nothing and it learns so through :class:`TransitionConflict`.
+    Returns the updated row.
+    """
+    sources = [expected] if isinstance(expected, ExecutionStatus) else list(expected)
+    for source in sources:
+        check_transition(source, target)
+
+    stmt = (
+        update(tool_calls)
+        .where(
+            tool_calls.c.tool_call_id == tool_call_id,
+            tool_calls.c.status.in_([s.value for s in sources]),
+        )
+        .values(
+            status=target.value,
+            version=tool_calls.c.version + 1,
+            updated_at=func.now(),
+            **dict(fields or {}),
+        )
+        .returning(*tool_calls.c)
+    )
+    if lease_owner is not None:
+        stmt = stmt.where(tool_calls.c.lease_owner == lease_owner)
+    if version is not None:
+        stmt = stmt.where(tool_calls.c.version == version)
+
+    row = (await session.execute(stmt)).first()
+    if row is None:
+        raise TransitionConflict(
+            f"tool call {tool_call_id!r} is no longer in {[s.value for s in sources]}"
+            " (or its lease/version changed)",
+            toolCallId=tool_call_id,
+            target=target.value,
+        )
+    await session.execute(
+        insert(execution_events).values(
+            event_row(
+                event_type,
+                CallContext.of(row._mapping),
+                producer=producer,
+                causation_id=causation_id,
+                payload={
+                    "from": [s.value for s in sources],
+                    "to": target.value,
+                    **dict(payload or {}),
+                },
+            )
+        )
+    )
+    return row

@@ -1,0 +1,93 @@
+"""Real services for the tests: PostgreSQL (one fresh database per test, cloned from a
+migrated template) and a Kafka-protocol broker (Tansu unless one is configured)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from dispatcher import migrate
+from dispatcher.db import engine_for
+from dispatcher.embedded import EmbeddedPostgres, Tansu
+from dispatcher.settings import Settings, load_settings
+from tests.services import TestEnvironment, unique_name, with_database
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def test_env() -> TestEnvironment:
+    return TestEnvironment()
+
+
+@pytest.fixture(scope="session")
+def pg_server_url(test_env: TestEnvironment, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[str]:
+    """A libpq URL of the server's maintenance database."""
+    if test_env.database_url:
+        yield test_env.database_url
+        return
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data")
+    url = server.start()
+    yield url
+    server.stop()
+
+
+def _admin(url: str, *statements: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def template_database(pg_server_url: str) -> Iterator[str]:
+    """A database migrated once; every test clones it."""
+    name = unique_name("td_template")
+    _admin(pg_server_url, f'CREATE DATABASE "{name}"')
+    migrate.upgrade(with_database(pg_server_url, name))
+    yield name
+    _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def empty_database_url(pg_server_url: str) -> Iterator[str]:
+    """A fresh database with no schema at all."""
+    name = unique_name("td_empty")
+    _admin(pg_server_url, f'CREATE DATABASE "{name}"')
+    yield with_database(pg_server_url, name)
+    _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def database_url(pg_server_url: str, template_database: str) -> Iterator[str]:
+    """A fresh, fully migrated database of this test's own."""
+    name = unique_name("td_test")
+    _admin(pg_server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+    yield with_database(pg_server_url, name)
+    _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    eng = engine_for(database_url, pool_size=10)
+    yield eng
+    await eng.dispose()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(test_env: TestEnvironment) -> Iterator[str]:
+    if test_env.kafka_bootstrap:
+        yield test_env.kafka_bootstrap
+        return
+    broker = Tansu()
+    yield broker.start()
+    broker.stop()
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    return load_settings({"database_url": database_url, "kafka_enable_idempotence": False})
