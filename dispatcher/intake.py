@@ -1,23 +1,33 @@
-"""Intake: record a tool call, its first events and its dispatch command in the
+"""Intake: record tool calls, their first events and their dispatch commands in the
 caller's transaction. The same idempotency key replays the stored call; the same key
-with a different request is refused."""
+with a different request is refused.
+
+One code path serves a single library call and a batch of HTTP submissions grouped
+into one commit: a batch costs three INSERTs and at most one SELECT, whatever its size.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.capabilities import CapabilityRegistry, render_key_template
-from dispatcher.errors import IdempotencyKeyReused, ToolCallIdConflict, ValidationFailed
+from dispatcher.errors import (
+    DispatcherError,
+    IdempotencyKeyReused,
+    ToolCallIdConflict,
+    ValidationFailed,
+)
 from dispatcher.events import CallContext, EventType, event_row
 from dispatcher.states import ExecutionStatus
 from dispatcher.tables import execution_events, outbox, tool_calls
@@ -57,6 +67,18 @@ class Submission:
     created: bool
 
 
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    request: SubmitRequest
+    tenant: str
+    requires_approval: bool
+    values: dict[str, Any]
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.tenant, self.values["idempotency_key"])
+
+
 def fingerprint(capability_id: str, call_input: dict[str, Any]) -> str:
     """Hash of the canonical JSON of what the call would do."""
     canonical = json.dumps(
@@ -79,8 +101,71 @@ async def submit(
     """Record ``request`` inside the caller's open transaction; the caller commits.
 
     Nothing is committed here, so a producer's own domain write, the tool call and
-    its outbox row commit or roll back together.
+    its outbox row commit or roll back together. Raises a :class:`DispatcherError`
+    (nothing written) for an unknown capability, bad input or a reused key.
     """
+    [outcome] = await submit_many(
+        session, [(request, tenant)], registry=registry, dispatch_topic=dispatch_topic
+    )
+    if isinstance(outcome, DispatcherError):
+        raise outcome
+    return outcome
+
+
+async def submit_many(
+    session: AsyncSession,
+    items: Sequence[tuple[SubmitRequest, str]],
+    *,
+    registry: CapabilityRegistry,
+    dispatch_topic: str = DEFAULT_DISPATCH_TOPIC,
+) -> list[Submission | DispatcherError]:
+    """Record several ``(request, tenant)`` submissions in the caller's transaction.
+
+    Each item gets its own outcome: a refused item writes nothing and does not
+    disturb the others.
+    """
+    outcomes: list[Submission | DispatcherError | None] = [None] * len(items)
+    prepared: dict[int, _Prepared] = {}
+    for i, (request, tenant) in enumerate(items):
+        try:
+            prepared[i] = _prepare(request, tenant, registry)
+        except DispatcherError as exc:
+            outcomes[i] = exc
+
+    if prepared:
+        # Sorted by key so that concurrent batches take their conflict locks in the
+        # same order and cannot deadlock on each other.
+        rows = sorted(
+            (p.values for p in prepared.values()), key=lambda v: (v["tenant"], v["idempotency_key"])
+        )
+        inserted = {
+            row.tool_call_id: row._mapping
+            for row in await session.execute(
+                # No conflict target: a clash on the key or on the toolCallId both land
+                # here. A concurrent uncommitted insert of the same key makes PostgreSQL
+                # wait for it, so the SELECT in _replay sees the winner.
+                pg_insert(tool_calls).values(rows).on_conflict_do_nothing().returning(*tool_calls.c)
+            )
+        }
+        to_replay: dict[int, _Prepared] = {}
+        created: list[tuple[_Prepared, Any]] = []
+        for i, prep in prepared.items():
+            row = inserted.pop(prep.values["tool_call_id"], None)
+            if row is None:
+                to_replay[i] = prep
+            else:
+                created.append((prep, row))
+                outcomes[i] = Submission(ToolCallView.of(row), created=True)
+        await _record_created(session, created, dispatch_topic)
+        if to_replay:
+            outcomes_of_replays = await _replay(session, to_replay)
+            for i, outcome in outcomes_of_replays.items():
+                outcomes[i] = outcome
+
+    return [o for o in outcomes if o is not None]
+
+
+def _prepare(request: SubmitRequest, tenant: str, registry: CapabilityRegistry) -> _Prepared:
     capability = registry.get(request.capability_id)
     if not capability.enabled:
         raise ValidationFailed(
@@ -92,68 +177,70 @@ async def submit(
     )
     if len(key) > 255:
         raise ValidationFailed("the derived idempotency key is longer than 255 characters")
-    fp = fingerprint(request.capability_id, request.input)
     status = (
         ExecutionStatus.PROPOSED if capability.requires_approval else ExecutionStatus.AUTHORIZED
     )
-
-    inserted = (
-        await session.execute(
-            pg_insert(tool_calls)
-            .values(
-                tool_call_id=tool_call_id,
-                tenant=tenant,
-                run_id=request.run_id,
-                turn_id=request.turn_id,
-                capability_id=request.capability_id,
-                input=request.input,
-                idempotency_key=key,
-                request_fingerprint=fp,
-                status=status.value,
-                correlation_id=request.correlation_id,
-                causation_id=request.causation_id,
-                reasoning_object_id=request.reasoning_object_id,
-            )
-            # No conflict target: a clash on the key or on the toolCallId both land here.
-            # A concurrent uncommitted insert of the same key makes PostgreSQL wait for
-            # it, so the SELECT below sees the winner.
-            .on_conflict_do_nothing()
-            .returning(*tool_calls.c)
-        )
-    ).first()
-    if inserted is None:
-        return await _replay(session, request, tenant=tenant, key=key, fingerprint_=fp)
-
-    row = inserted._mapping
-    ctx = CallContext.of(row)
-    requested = event_row(
-        EventType.TOOL_CALL_REQUESTED,
-        ctx,
-        producer=PRODUCER,
-        causation_id=request.causation_id,
-        payload={"idempotencyKey": key, "requiresApproval": capability.requires_approval},
+    return _Prepared(
+        request=request,
+        tenant=tenant,
+        requires_approval=capability.requires_approval,
+        values={
+            "tool_call_id": tool_call_id,
+            "tenant": tenant,
+            "run_id": request.run_id,
+            "turn_id": request.turn_id,
+            "capability_id": request.capability_id,
+            "input": request.input,
+            "idempotency_key": key,
+            "request_fingerprint": fingerprint(request.capability_id, request.input),
+            "status": status.value,
+            "correlation_id": request.correlation_id,
+            "causation_id": request.causation_id,
+            "reasoning_object_id": request.reasoning_object_id,
+        },
     )
-    events = [requested]
-    if status is ExecutionStatus.AUTHORIZED:
-        events.append(
-            event_row(
-                EventType.TOOL_CALL_AUTHORIZED,
+
+
+async def _record_created(
+    session: AsyncSession, created: list[tuple[_Prepared, Any]], dispatch_topic: str
+) -> None:
+    events: list[dict[str, Any]] = []
+    commands: list[dict[str, Any]] = []
+    for prep, row in created:
+        ctx = CallContext.of(row)
+        requested = event_row(
+            EventType.TOOL_CALL_REQUESTED,
+            ctx,
+            producer=PRODUCER,
+            causation_id=prep.request.causation_id,
+            payload={
+                "idempotencyKey": row["idempotency_key"],
+                "requiresApproval": prep.requires_approval,
+            },
+        )
+        events.append(requested)
+        if prep.requires_approval:
+            continue
+        authorized = event_row(
+            EventType.TOOL_CALL_AUTHORIZED,
+            ctx,
+            producer=PRODUCER,
+            causation_id=requested["event_id"],
+            payload={"reason": "no approval required"},
+        )
+        events.append(authorized)
+        commands.append(
+            dispatch_command(
                 ctx,
-                producer=PRODUCER,
-                causation_id=requested["event_id"],
-                payload={"reason": "no approval required"},
+                row["idempotency_key"],
+                topic=dispatch_topic,
+                causation_id=authorized["event_id"],
             )
         )
-    await session.execute(insert(execution_events).values(events))
-    if status is ExecutionStatus.AUTHORIZED:
-        await session.execute(
-            insert(outbox).values(
-                dispatch_command(
-                    ctx, key, topic=dispatch_topic, causation_id=events[-1]["event_id"]
-                )
-            )
-        )
-    return Submission(ToolCallView.of(row), created=True)
+    if events:
+        await session.execute(insert(execution_events).values(events))
+    if commands:
+        await session.execute(insert(outbox).values(commands))
 
 
 def dispatch_command(
@@ -193,20 +280,27 @@ def _default_key(request: SubmitRequest, tool_call_id: str, template: str | None
 
 
 async def _replay(
-    session: AsyncSession, request: SubmitRequest, *, tenant: str, key: str, fingerprint_: str
-) -> Submission:
-    existing = (
-        await session.execute(
+    session: AsyncSession, items: dict[int, _Prepared]
+) -> dict[int, Submission | DispatcherError]:
+    keys = {prep.key for prep in items.values()}
+    stored = {
+        (row.tenant, row.idempotency_key): row._mapping
+        for row in await session.execute(
             select(tool_calls).where(
-                tool_calls.c.tenant == tenant, tool_calls.c.idempotency_key == key
+                tuple_(tool_calls.c.tenant, tool_calls.c.idempotency_key).in_(list(keys))
             )
         )
-    ).first()
-    if existing is None:
-        # The key is free, so the clash was on the primary key: another call owns the id.
-        raise ToolCallIdConflict(request.tool_call_id or "")
-    row = existing._mapping
-    same_id = request.tool_call_id in (None, row["tool_call_id"])
-    if row["request_fingerprint"] != fingerprint_ or not same_id:
-        raise IdempotencyKeyReused(key, row["tool_call_id"])
-    return Submission(ToolCallView.of(row), created=False)
+    }
+    outcomes: dict[int, Submission | DispatcherError] = {}
+    for i, prep in items.items():
+        row = stored.get(prep.key)
+        if row is None:
+            # The key is free, so the clash was on the primary key: another call owns it.
+            outcomes[i] = ToolCallIdConflict(prep.values["tool_call_id"])
+        elif row["request_fingerprint"] != prep.values["request_fingerprint"] or (
+            prep.request.tool_call_id not in (None, row["tool_call_id"])
+        ):
+            outcomes[i] = IdempotencyKeyReused(prep.key[1], row["tool_call_id"])
+        else:
+            outcomes[i] = Submission(ToolCallView.of(row), created=False)
+    return outcomes

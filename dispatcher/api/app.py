@@ -1,0 +1,166 @@
+"""The FastAPI application: intake, reads of calls and run event logs, health and
+metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Query, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+from sqlalchemy import select, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from dispatcher.api import problems
+from dispatcher.api.auth import ApiKeyAuth
+from dispatcher.api.body_limit import BodyLimit
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.db import create_engine, session_factory
+from dispatcher.errors import ServiceUnavailable, ToolCallNotFound, ValidationFailed
+from dispatcher.intake import SubmitRequest
+from dispatcher.intake_batcher import IntakeBatcher
+from dispatcher.metrics import HTTP_REQUEST_SECONDS, INTAKE_SUBMISSIONS
+from dispatcher.settings import Settings
+from dispatcher.tables import execution_events, tool_calls
+from dispatcher.views import EventView, ToolCallView
+
+JSON = "application/json"
+
+
+def _json(model_dump: str, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(model_dump, status_code=status, media_type=JSON, headers=headers)
+
+
+def create_app(
+    settings: Settings, registry: CapabilityRegistry, engine: AsyncEngine | None = None
+) -> FastAPI:
+    """Build the API. With no ``engine`` it creates (and disposes) its own."""
+    auth = ApiKeyAuth(settings.api_keys)
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        eng = engine or create_engine(settings)
+        sessions = session_factory(eng)
+        batcher = IntakeBatcher(
+            sessions,
+            registry,
+            dispatch_topic=settings.dispatch_topic,
+            max_batch=settings.intake_batch_max,
+        )
+        batcher.start()
+        state.update(engine=eng, sessions=sessions, batcher=batcher)
+        try:
+            yield
+        finally:
+            await batcher.stop()
+            if engine is None:
+                await eng.dispose()
+
+    app = FastAPI(title="tool-dispatcher", version="0.1.0", lifespan=lifespan)
+    problems.install(app)
+
+    @app.middleware("http")
+    async def timing(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        HTTP_REQUEST_SECONDS.labels(
+            getattr(route, "path", "unmatched"), f"{response.status_code // 100}xx"
+        ).observe(time.perf_counter() - started)
+        return response
+
+    @app.post("/v1/tool-calls", status_code=201)
+    async def submit_tool_call(request: Request) -> Response:
+        principal = auth.authenticate(request)
+        principal.require("submit")
+        try:
+            body = SubmitRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise ValidationFailed(
+                "the tool call is not valid",
+                errors=[
+                    {"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
+                    for e in exc.errors(include_url=False, include_input=False)
+                ],
+            ) from None
+        submission = await state["batcher"].submit(body, principal.tenant)
+        INTAKE_SUBMISSIONS.labels("created" if submission.created else "replayed").inc()
+        view: ToolCallView = submission.view
+        return _json(
+            view.model_dump_json(by_alias=True),
+            status=201 if submission.created else 200,
+            headers={"Location": f"/v1/tool-calls/{view.tool_call_id}"},
+        )
+
+    @app.get("/v1/tool-calls/{tool_call_id}")
+    async def get_tool_call(tool_call_id: str, request: Request) -> Response:
+        principal = auth.authenticate(request)
+        principal.require("read")
+        async with state["sessions"]() as session:
+            row = (
+                await session.execute(
+                    select(tool_calls).where(
+                        tool_calls.c.tool_call_id == tool_call_id,
+                        tool_calls.c.tenant == principal.tenant,
+                    )
+                )
+            ).first()
+        if row is None:
+            # Another tenant's call is reported exactly like a missing one.
+            raise ToolCallNotFound(tool_call_id)
+        return _json(ToolCallView.of(row._mapping).model_dump_json(by_alias=True))
+
+    @app.get("/v1/runs/{run_id}/events")
+    async def run_events(
+        run_id: str,
+        request: Request,
+        after: Annotated[str | None, Query(description="return events after this eventId")] = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> Response:
+        principal = auth.authenticate(request)
+        principal.require("read")
+        query = select(execution_events).where(
+            execution_events.c.tenant == principal.tenant, execution_events.c.run_id == run_id
+        )
+        if after is not None:
+            cursor = (
+                select(execution_events.c.seq)
+                .where(
+                    execution_events.c.event_id == after,
+                    execution_events.c.tenant == principal.tenant,
+                )
+                .scalar_subquery()
+            )
+            query = query.where(execution_events.c.seq > cursor)
+        async with state["sessions"]() as session:
+            rows = (
+                await session.execute(query.order_by(execution_events.c.seq).limit(limit))
+            ).all()
+        events = [EventView.of(r._mapping).model_dump(by_alias=True, mode="json") for r in rows]
+        return _json(json.dumps({"runId": run_id, "events": events}))
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> dict[str, str]:
+        try:
+            async with state["engine"].connect() as conn:
+                await conn.execute(text("SELECT 1"))
+        except Exception as exc:  # any failure means "not ready"
+            raise ServiceUnavailable("the database is not reachable") from exc
+        return {"status": "ready"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return BodyLimit(app, settings.max_body_bytes)  # type: ignore[return-value]

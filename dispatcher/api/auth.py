@@ -1,0 +1,38 @@
+"""Producer authentication: ``Authorization: Bearer <api key>``, each key bound to one
+tenant and a set of scopes. Only SHA-256 hashes of keys are configured."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from dispatcher.errors import Forbidden, Unauthenticated
+from dispatcher.settings import ApiKey, Scope, hash_api_key
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    tenant: str
+    scopes: frozenset[str]
+    name: str
+
+    def require(self, scope: Scope) -> None:
+        if scope not in self.scopes:
+            raise Forbidden(f"this API key lacks the {scope!r} scope", scope=scope)
+
+
+class ApiKeyAuth:
+    def __init__(self, keys: Iterable[ApiKey]) -> None:
+        self._by_hash = {k.sha256: Principal(k.tenant, frozenset(k.scopes), k.name) for k in keys}
+
+    def authenticate(self, request: Request) -> Principal:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthenticated("send 'Authorization: Bearer <api key>'")
+        principal = self._by_hash.get(hash_api_key(token.strip()))
+        if principal is None:
+            raise Unauthenticated("the API key is not valid")
+        return principal
