@@ -7,11 +7,17 @@ describe (see :mod:`dispatcher.intake` and :mod:`dispatcher.transitions`).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
+
+from sqlalchemy import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from dispatcher.tables import execution_events, outbox
+from outbox_relay import OutboxMessage
 
 SCHEMA_VERSION = 1
 
@@ -58,6 +64,9 @@ class CallContext:
         )
 
 
+DEFAULT_EVENTS_TOPIC = "tool-dispatcher.events"
+
+
 def new_event_id() -> str:
     return f"evt_{uuid.uuid4().hex}"
 
@@ -88,3 +97,52 @@ def event_row(
         "occurred_at": datetime.now(UTC),
         "payload": dict(payload or {}),
     }
+
+
+def event_message(event: Mapping[str, Any], topic: str) -> dict[str, Any]:
+    """Outbox row values publishing ``event`` (an :func:`event_row`) on the events topic.
+
+    Keyed by run, so a consumer sees each run's facts in order; the message id is the
+    event id, so consumers drop duplicates by it.
+    """
+    occurred_at: datetime = event["occurred_at"]
+    body = {
+        "eventId": event["event_id"],
+        "eventType": event["event_type"],
+        "tenant": event["tenant"],
+        "runId": event["run_id"],
+        "turnId": event["turn_id"],
+        "producer": event["producer"],
+        "reasoningObjectId": event["reasoning_object_id"],
+        "capabilityId": event["capability_id"],
+        "correlationId": event["correlation_id"],
+        "causationId": event["causation_id"],
+        "toolCallId": event["tool_call_id"],
+        "schemaVersion": event["schema_version"],
+        "occurredAt": occurred_at.isoformat(),
+        "payload": event["payload"],
+    }
+    return OutboxMessage(
+        topic=topic,
+        key=event["run_id"],
+        type=event["event_type"],
+        source=f"/tool-dispatcher/{event['producer']}",
+        payload=body,
+        message_id=event["event_id"],
+        time=occurred_at,
+    ).row()
+
+
+async def record_events(
+    session: AsyncSession,
+    events: Sequence[Mapping[str, Any]],
+    *,
+    topic: str | None = DEFAULT_EVENTS_TOPIC,
+) -> None:
+    """Append ``events`` to the log and, unless ``topic`` is None, to the outbox, in
+    the caller's transaction."""
+    if not events:
+        return
+    await session.execute(insert(execution_events).values(list(events)))
+    if topic is not None:
+        await session.execute(insert(outbox).values([event_message(e, topic) for e in events]))

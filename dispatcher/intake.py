@@ -28,9 +28,9 @@ from dispatcher.errors import (
     ToolCallIdConflict,
     ValidationFailed,
 )
-from dispatcher.events import CallContext, EventType, event_row
+from dispatcher.events import DEFAULT_EVENTS_TOPIC, CallContext, EventType, event_row, record_events
 from dispatcher.states import ExecutionStatus
-from dispatcher.tables import execution_events, outbox, tool_calls
+from dispatcher.tables import outbox, tool_calls
 from dispatcher.views import ToolCallView
 from outbox_relay import OutboxMessage
 
@@ -97,6 +97,7 @@ async def submit(
     tenant: str,
     registry: CapabilityRegistry,
     dispatch_topic: str = DEFAULT_DISPATCH_TOPIC,
+    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
 ) -> Submission:
     """Record ``request`` inside the caller's open transaction; the caller commits.
 
@@ -105,7 +106,11 @@ async def submit(
     (nothing written) for an unknown capability, bad input or a reused key.
     """
     [outcome] = await submit_many(
-        session, [(request, tenant)], registry=registry, dispatch_topic=dispatch_topic
+        session,
+        [(request, tenant)],
+        registry=registry,
+        dispatch_topic=dispatch_topic,
+        events_topic=events_topic,
     )
     if isinstance(outcome, DispatcherError):
         raise outcome
@@ -118,6 +123,7 @@ async def submit_many(
     *,
     registry: CapabilityRegistry,
     dispatch_topic: str = DEFAULT_DISPATCH_TOPIC,
+    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
 ) -> list[Submission | DispatcherError]:
     """Record several ``(request, tenant)`` submissions in the caller's transaction.
 
@@ -139,7 +145,7 @@ async def submit_many(
             (p.values for p in prepared.values()), key=lambda v: (v["tenant"], v["idempotency_key"])
         )
         inserted = {
-            row.tool_call_id: row._mapping
+            (row.tenant, row.idempotency_key): row._mapping
             for row in await session.execute(
                 # No conflict target: a clash on the key or on the toolCallId both land
                 # here. A concurrent uncommitted insert of the same key makes PostgreSQL
@@ -150,13 +156,16 @@ async def submit_many(
         to_replay: dict[int, _Prepared] = {}
         created: list[tuple[_Prepared, Any]] = []
         for i, prep in prepared.items():
-            row = inserted.pop(prep.values["tool_call_id"], None)
-            if row is None:
+            row = inserted.get(prep.key)
+            # Created only if the stored row is this item's own: another item of the
+            # batch may have taken the key (or this item's toolCallId) first.
+            if row is None or row["tool_call_id"] != prep.values["tool_call_id"]:
                 to_replay[i] = prep
             else:
+                del inserted[prep.key]
                 created.append((prep, row))
                 outcomes[i] = Submission(ToolCallView.of(row), created=True)
-        await _record_created(session, created, dispatch_topic)
+        await _record_created(session, created, dispatch_topic, events_topic)
         if to_replay:
             outcomes_of_replays = await _replay(session, to_replay)
             for i, outcome in outcomes_of_replays.items():
@@ -202,7 +211,10 @@ def _prepare(request: SubmitRequest, tenant: str, registry: CapabilityRegistry) 
 
 
 async def _record_created(
-    session: AsyncSession, created: list[tuple[_Prepared, Any]], dispatch_topic: str
+    session: AsyncSession,
+    created: list[tuple[_Prepared, Any]],
+    dispatch_topic: str,
+    events_topic: str | None,
 ) -> None:
     events: list[dict[str, Any]] = []
     commands: list[dict[str, Any]] = []
@@ -237,14 +249,13 @@ async def _record_created(
                 causation_id=authorized["event_id"],
             )
         )
-    if events:
-        await session.execute(insert(execution_events).values(events))
+    await record_events(session, events, topic=events_topic)
     if commands:
         await session.execute(insert(outbox).values(commands))
 
 
 def dispatch_command(
-    ctx: CallContext, idempotency_key: str, *, topic: str, causation_id: str
+    ctx: CallContext, idempotency_key: str, *, topic: str, causation_id: str | None
 ) -> dict[str, Any]:
     """Outbox row values of the command that asks a worker to run a call."""
     return OutboxMessage(

@@ -42,12 +42,14 @@ class IntakeBatcher:
         registry: CapabilityRegistry,
         *,
         dispatch_topic: str,
+        events_topic: str | None,
         max_batch: int = 128,
         flushers: int = 2,
     ) -> None:
         self._sessions = sessions
         self._registry = registry
         self._dispatch_topic = dispatch_topic
+        self._events_topic = events_topic
         self._max_batch = max_batch
         self._flushers = flushers
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
@@ -100,6 +102,7 @@ class IntakeBatcher:
                         items,
                         registry=self._registry,
                         dispatch_topic=self._dispatch_topic,
+                        events_topic=self._events_topic,
                     )
                 break
             except DBAPIError as exc:

