@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import secrets
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import NoReturn
 
 from pydantic import ValidationError
 
 from dispatcher import migrate
-from dispatcher.capabilities import load_registry
+from dispatcher.arguments import OneLineArgumentParser
+from dispatcher.capabilities import CapabilityRegistry, load_registry
+from dispatcher.sandbox import command as sandbox_command
 from dispatcher.settings import Settings, hash_api_key, load_settings
-
-
-class _Parser(argparse.ArgumentParser):
-    """Bad input ends with exit code 2 and one line, not a usage dump."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _fail(message: str) -> NoReturn:
@@ -29,20 +26,27 @@ def _fail(message: str) -> NoReturn:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="tool-dispatcher", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineArgumentParser(prog="tool-dispatcher", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineArgumentParser)
     m = sub.add_parser("migrate", help="apply (or revert) schema migrations")
     m.add_argument("--revision", default="head")
     m.add_argument("--downgrade", action="store_true", help="revert to --revision (e.g. base)")
     sub.add_parser("serve", help="serve the HTTP API (needs a configured database)")
+    sub.add_parser("worker", help="consume dispatch commands and call providers")
+    r = sub.add_parser("recover", help="apply the crash-recovery rule to expired claims")
+    r.add_argument("--once", action="store_true", required=True, help="one sweep, then exit")
+    sandbox_command.add_arguments(sub.add_parser("sandbox", help="run the sandbox provider"))
     sub.add_parser("up", help="everything on embedded defaults: database, broker, API")
-    sub.add_parser("demo", help="run the stack in-process and tell the intake story")
+    sub.add_parser("demo", help="run the stack in-process and tell the story")
     sub.add_parser("api-key", help="print a new API key and the settings line for its hash")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.command == "sandbox":
+        return sandbox_command.run(args)
     try:
         settings = load_settings()
     except ValidationError as exc:
@@ -72,7 +76,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
         return asyncio.run(run_demo(settings))
     if args.command == "up":
-        return asyncio.run(_up(settings))
+        return asyncio.run(_up(settings, registry))
     if settings.database_url is None:
         _fail("TOOL_DISPATCHER_DATABASE_URL is not set (or use `tool-dispatcher up`)")
     if args.command == "migrate":
@@ -85,14 +89,52 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
         asyncio.run(api_server(settings, registry).serve())
         return 0
+    if args.command == "recover":
+        return asyncio.run(_recover_once(settings, registry))
+    if settings.kafka_bootstrap is None:
+        _fail("TOOL_DISPATCHER_KAFKA_BOOTSTRAP is not set (or use `tool-dispatcher up`)")
+    if args.command == "worker":
+        from dispatcher.worker import run_worker
+
+        return asyncio.run(_until_signal(lambda stop: run_worker(settings, registry, stop)))
     raise AssertionError(args.command)
 
 
-async def _up(settings: Settings) -> int:
+async def _until_signal(run: Callable[[asyncio.Event], Awaitable[None]]) -> int:
+    """Run until SIGTERM/SIGINT sets the stop event; work in flight finishes first."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await run(stop)
+    return 0
+
+
+async def _recover_once(settings: Settings, registry: CapabilityRegistry) -> int:
+    from dispatcher.db import create_engine, session_factory
+    from dispatcher.recovery import recover_expired
+
+    engine = create_engine(settings)
+    try:
+        report = await recover_expired(
+            session_factory(engine),
+            registry,
+            dispatch_topic=settings.dispatch_topic,
+            events_topic=settings.events_topic,
+        )
+    finally:
+        await engine.dispose()
+    print(
+        f"recovered {report.total}: {len(report.redispatched)} re-dispatched, "
+        f"{len(report.marked_unknown)} marked result_unknown"
+    )
+    return 0
+
+
+async def _up(settings: Settings, registry: CapabilityRegistry) -> int:
     from dispatcher.serving import api_server
     from dispatcher.stack import local_stack
 
-    registry = load_registry(settings.capabilities_file)
     async with local_stack(settings) as stack:
         s = stack.settings
         print("tool-dispatcher is up")

@@ -3,6 +3,8 @@ migrated template) and a Kafka-protocol broker (Tansu unless one is configured).
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -26,17 +28,20 @@ def test_env() -> TestEnvironment:
 
 
 @pytest.fixture(scope="session")
-def pg_server_url(
-    test_env: TestEnvironment, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+def pg_server_url(test_env: TestEnvironment) -> Iterator[str]:
     """A libpq URL of the server's maintenance database."""
     if test_env.database_url:
         yield test_env.database_url
         return
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data")
+    # A private directory, not pytest's numbered temp dirs: pytest prunes those to the
+    # last few runs, which would delete the data of a server still in use by another
+    # pytest session on this machine.
+    home = Path(tempfile.mkdtemp(prefix="tool-dispatcher-pg-"))
+    server = EmbeddedPostgres(home / "data")
     url = server.start()
     yield url
     server.stop()
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def _admin(url: str, *statements: str) -> None:

@@ -1,0 +1,230 @@
+"""Calling a capability's provider, and deciding honestly what happened.
+
+Whether a failed request may have reached the provider is decided from the httpx
+exception type, never from message text (see httpx's exception tree)::
+
+    ConnectError, ConnectTimeout, PoolTimeout   -> never left this machine: safe to retry
+    ReadTimeout, WriteTimeout, ReadError,
+    WriteError, RemoteProtocolError             -> may have been received: outcome unknown
+
+Retries (tenacity) only ever see the two exception types raised here on purpose
+(:class:`_NotSent`, :class:`_Throttled`), and always re-send the SAME idempotency key.
+A side-effecting request whose outcome is unknown is never retried: it is reported as
+``UNKNOWN`` and the reconciler finds out. Read-only capabilities may be retried on any
+transport error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import httpx
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+from tenacity.wait import wait_random_exponential
+
+from dispatcher.capabilities import Capability
+
+log = logging.getLogger(__name__)
+
+_SUCCEEDED = {"succeeded", "completed", "success", "ok"}
+_FAILED = {"failed", "failure", "error", "declined"}
+
+
+class OutcomeKind(StrEnum):
+    COMPLETED = "completed"
+    """The provider answered with a final success."""
+    FAILED = "failed"
+    """The provider answered that the request is invalid or the effect failed."""
+    NOT_SENT = "not_sent"
+    """Every attempt provably failed before the provider took the request."""
+    ACCEPTED = "accepted"
+    """The provider took the request and will finish it later."""
+    UNKNOWN = "unknown"
+    """The request may have had its effect; nobody knows yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderOutcome:
+    kind: OutcomeKind
+    attempts: int
+    http_status: int | None = None
+    external_request_id: str | None = None
+    result: Any = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchRequest:
+    """What a worker sends for one call (everything but credentials)."""
+
+    tool_call_id: str
+    idempotency_key: str
+    input: Mapping[str, Any]
+    trace_seed: str
+
+
+class _NotSent(Exception):
+    """The request did not reach the provider (or, read-only, it is safe to repeat)."""
+
+
+class _Throttled(Exception):
+    """429 / 503 with Retry-After: the provider refused without acting."""
+
+    def __init__(self, reason: str, retry_after: float | None) -> None:
+        super().__init__(reason)
+        self.retry_after = retry_after
+
+
+def traceparent(seed: str) -> str:
+    """A W3C traceparent derived from a stable seed, so every attempt of a call (and
+    the provider's logs) share one trace id."""
+    digest = hashlib.sha256(seed.encode()).hexdigest()
+    return f"00-{digest[:32]}-{digest[32:48]}-01"
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after", "")
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def _body(response: httpx.Response) -> dict[str, Any]:
+    try:
+        data = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class ProviderClient:
+    """Sends dispatch requests over one pooled ``httpx.AsyncClient``.
+
+    ``secrets`` maps a capability id to the provider credential added at send time as
+    ``Authorization: Bearer``; it is never stored, logged or put in an error.
+    """
+
+    def __init__(self, http: httpx.AsyncClient, secrets: Mapping[str, str] | None = None) -> None:
+        self._http = http
+        self._secrets = dict(secrets or {})
+
+    async def dispatch(self, capability: Capability, request: DispatchRequest) -> ProviderOutcome:
+        policy = capability.retry
+        # Full jitter: concurrent workers throttled together do not retry in step.
+        exponential = wait_random_exponential(
+            multiplier=policy.initial_backoff_seconds, max=policy.max_backoff_seconds
+        )
+
+        def wait(state: RetryCallState) -> float:
+            exc = state.outcome.exception() if state.outcome else None
+            if isinstance(exc, _Throttled) and exc.retry_after is not None:
+                return min(exc.retry_after, policy.max_backoff_seconds)
+            return float(exponential(state))
+
+        attempts = 0
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type((_NotSent, _Throttled)),
+                stop=stop_after_attempt(policy.max_attempts),
+                wait=wait,
+                reraise=True,
+            ):
+                with attempt:
+                    attempts += 1
+                    outcome = await self._send_once(capability, request, attempts)
+            return outcome
+        except (_NotSent, _Throttled) as exc:
+            return ProviderOutcome(OutcomeKind.NOT_SENT, attempts, error=str(exc))
+
+    async def _send_once(
+        self, capability: Capability, request: DispatchRequest, attempt: int
+    ) -> ProviderOutcome:
+        endpoint = capability.request
+        headers = {
+            "Idempotency-Key": request.idempotency_key,
+            "traceparent": traceparent(request.trace_seed),
+            "X-Tool-Call-Id": request.tool_call_id,
+        }
+        secret = self._secrets.get(capability.id)
+        if secret:
+            headers["Authorization"] = f"Bearer {secret}"
+        try:
+            response = await self._http.request(
+                endpoint.method,
+                endpoint.url,
+                json=dict(request.input),
+                headers=headers,
+                timeout=endpoint.timeout_seconds,
+            )
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise _NotSent(f"not sent: {type(exc).__name__}") from exc
+        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            if not capability.side_effects:
+                raise _NotSent(f"read-only, repeating after {type(exc).__name__}") from exc
+            return ProviderOutcome(
+                OutcomeKind.UNKNOWN, attempt, error=f"sent, no answer: {type(exc).__name__}"
+            )
+        except httpx.HTTPError as exc:
+            # Bad URL, unsupported scheme, local protocol misuse: a configuration
+            # error found before anything was sent.
+            return ProviderOutcome(
+                OutcomeKind.FAILED, attempt, error=f"request not sendable: {type(exc).__name__}"
+            )
+        return self._classify(capability, response, attempt)
+
+    def _classify(
+        self, capability: Capability, response: httpx.Response, attempt: int
+    ) -> ProviderOutcome:
+        status = response.status_code
+        body = _body(response)
+        ext_id = body.get("externalRequestId") or body.get("id")
+        ext_id = str(ext_id) if ext_id is not None else None
+        if status == 429 or (status == 503 and _retry_after(response) is not None):
+            raise _Throttled(f"provider answered {status}", _retry_after(response))
+        if 200 <= status < 300:
+            state = str(body.get("status", "")).lower()
+            if status != 202 and state in _SUCCEEDED:
+                return ProviderOutcome(
+                    OutcomeKind.COMPLETED, attempt, status, ext_id, body.get("result")
+                )
+            if status != 202 and state in _FAILED:
+                return ProviderOutcome(
+                    OutcomeKind.FAILED,
+                    attempt,
+                    status,
+                    ext_id,
+                    body.get("result"),
+                    error=f"provider reports failure: {body.get('error')}",
+                )
+            # Taken but not final (202, "pending", or a body we cannot read): the
+            # reconciler follows it up by externalRequestId or idempotency key.
+            return ProviderOutcome(
+                OutcomeKind.ACCEPTED, attempt, status, ext_id, body.get("result")
+            )
+        if not capability.side_effects and (status >= 500 or status in (408, 409)):
+            raise _NotSent(f"read-only, repeating after HTTP {status}")
+        if 400 <= status < 500 and status not in (408, 409):
+            code = body.get("code") or body.get("error") or "rejected"
+            return ProviderOutcome(
+                OutcomeKind.FAILED,
+                attempt,
+                status,
+                ext_id,
+                error=f"provider refused the request: HTTP {status} {code}",
+            )
+        # 5xx without Retry-After, 408, 409 (same key still in flight): no definitive
+        # answer about the effect.
+        return ProviderOutcome(
+            OutcomeKind.UNKNOWN,
+            attempt,
+            status,
+            ext_id,
+            error=f"no definitive answer: HTTP {status}",
+        )

@@ -1,0 +1,162 @@
+"""`tool-dispatcher worker`: consume dispatch commands and execute them.
+
+Offsets are committed only after the database recorded each command's outcome; a
+command seen twice is dropped by the call's state (only an ``authorized`` call can be
+claimed). Every worker also runs the recovery sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import uuid
+from typing import Any
+
+import httpx
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.crashpoints import CrashPoints
+from dispatcher.db import create_engine, session_factory
+from dispatcher.execution import Executor
+from dispatcher.kafka_topics import ensure_topics
+from dispatcher.provider import ProviderClient
+from dispatcher.recovery import recover_expired
+from dispatcher.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def command_tool_call_id(record: ConsumerRecord[Any, Any]) -> str | None:
+    """The call a dispatch command names, or None for a message that is not one."""
+    try:
+        payload = json.loads(record.value)
+    except (TypeError, ValueError):
+        return None
+    tool_call_id = payload.get("toolCallId") if isinstance(payload, dict) else None
+    return tool_call_id if isinstance(tool_call_id, str) and tool_call_id else None
+
+
+async def run_worker(
+    settings: Settings,
+    registry: CapabilityRegistry,
+    stop: asyncio.Event,
+    *,
+    worker_id: str | None = None,
+) -> None:
+    """Consume until ``stop`` is set; calls in flight finish and are recorded first."""
+    worker_id = worker_id or new_worker_id()
+    engine = create_engine(settings)
+    sessions = session_factory(engine)
+    http = httpx.AsyncClient(
+        limits=httpx.Limits(
+            max_connections=settings.worker_concurrency * 2,
+            max_keepalive_connections=settings.worker_concurrency,
+            # Shorter than a provider's idle timeout, so a pooled
+            # connection is not reused just as the server closes it.
+            keepalive_expiry=2.0,
+        ),
+        follow_redirects=False,
+    )
+    executor = Executor(
+        sessions,
+        registry,
+        ProviderClient(http, settings.provider_credentials()),
+        worker_id=worker_id,
+        events_topic=settings.events_topic,
+        min_lease_seconds=settings.min_lease_seconds,
+        crash=CrashPoints(settings.crash_at),
+    )
+    await ensure_topics(settings)
+    consumer = AIOKafkaConsumer(
+        settings.dispatch_topic,
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=settings.worker_group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
+        max_poll_records=settings.worker_concurrency,
+    )
+    await consumer.start()
+    sweeper = asyncio.create_task(_sweep(settings, registry, sessions, stop))
+    limit = asyncio.Semaphore(settings.worker_concurrency)
+
+    async def handle(record: ConsumerRecord[Any, Any]) -> None:
+        tool_call_id = command_tool_call_id(record)
+        if tool_call_id is None:
+            log.error(
+                "dropping a message that is not a dispatch command at %s:%s@%s",
+                record.topic,
+                record.partition,
+                record.offset,
+            )
+            return
+        async with limit:
+            await executor.execute(tool_call_id)
+
+    log.info("worker %s consuming %s", worker_id, settings.dispatch_topic)
+    try:
+        while not stop.is_set():
+            batches = await consumer.getmany(timeout_ms=200)
+            for tp, records in batches.items():
+                await _process(consumer, tp, records, handle)
+    finally:
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
+        await consumer.stop()
+        await http.aclose()
+        await engine.dispose()
+
+
+async def _process(
+    consumer: AIOKafkaConsumer,
+    tp: TopicPartition,
+    records: list[ConsumerRecord[Any, Any]],
+    handle: Any,
+) -> None:
+    results = await asyncio.gather(*(handle(r) for r in records), return_exceptions=True)
+    failed = [r for r, res in zip(records, results, strict=True) if isinstance(res, Exception)]
+    if not failed:
+        await consumer.commit({tp: OffsetAndMetadata(records[-1].offset + 1, "")})
+        return
+    # The database did not take some outcome: replay from the first failure (the
+    # ones after it that succeeded are dropped by their state when seen again).
+    first = min(r.offset for r in failed)
+    log.warning(
+        "%d command(s) on %s failed (%s); retrying from offset %d",
+        len(failed),
+        tp,
+        type(results[records.index(failed[0])]).__name__,
+        first,
+    )
+    if first > records[0].offset:
+        await consumer.commit({tp: OffsetAndMetadata(first, "")})
+    consumer.seek(tp, first)
+    await asyncio.sleep(1.0)
+
+
+async def _sweep(
+    settings: Settings, registry: CapabilityRegistry, sessions: Any, stop: asyncio.Event
+) -> None:
+    while not stop.is_set():
+        try:
+            await recover_expired(
+                sessions,
+                registry,
+                dispatch_topic=settings.dispatch_topic,
+                events_topic=settings.events_topic,
+            )
+        except Exception:  # the sweep must outlive a database outage
+            log.exception("recovery sweep failed; trying again")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), settings.recovery_interval_seconds)
