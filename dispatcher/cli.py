@@ -9,6 +9,7 @@ import secrets
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from importlib.metadata import entry_points
 from typing import NoReturn
 
 from pydantic import ValidationError
@@ -18,6 +19,12 @@ from dispatcher.arguments import OneLineArgumentParser
 from dispatcher.capabilities import CapabilityRegistry, load_registry
 from dispatcher.sandbox import command as sandbox_command
 from dispatcher.settings import Settings, hash_api_key, load_settings
+
+# Packages above the dispatcher (the reconciler) add subcommands through this
+# entry-point group, so the dispatcher never imports them. Each entry point is a
+# callable taking the subparsers action; the parser it adds sets ``handler``.
+COMMANDS_GROUP = "tool_dispatcher.commands"
+PluginHandler = Callable[[argparse.Namespace, Settings], int]
 
 
 def _fail(message: str) -> NoReturn:
@@ -39,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("up", help="everything on embedded defaults: database, broker, API")
     sub.add_parser("demo", help="run the stack in-process and tell the story")
     sub.add_parser("api-key", help="print a new API key and the settings line for its hash")
+    for plugin in entry_points(group=COMMANDS_GROUP):
+        plugin.load()(sub)
     return parser
 
 
@@ -59,6 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
+    plugin_handler: PluginHandler | None = getattr(args, "handler", None)
+    if plugin_handler is not None:
+        return plugin_handler(args, settings)
     if args.command == "api-key":
         key = "tdk_" + secrets.token_urlsafe(32)
         print(key)
