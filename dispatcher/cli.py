@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
+import outbox_relay
 from dispatcher import migrate
 from dispatcher.arguments import OneLineArgumentParser
 from dispatcher.capabilities import CapabilityRegistry, load_registry
@@ -40,6 +41,18 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--downgrade", action="store_true", help="revert to --revision (e.g. base)")
     sub.add_parser("serve", help="serve the HTTP API (needs a configured database)")
     sub.add_parser("worker", help="consume dispatch commands and call providers")
+    sub.add_parser("relay", help="publish outbox rows to Kafka")
+    o = sub.add_parser("outbox", help="operate the outbox: dead letters and retention")
+    o_sub = o.add_subparsers(
+        dest="outbox_command", required=True, parser_class=OneLineArgumentParser
+    )
+    o_sub.add_parser("dead-letters", help="list dead-lettered rows and what waits behind them")
+    for name, what in (
+        ("retry", "publish a dead letter again"),
+        ("discard", "give up a dead letter (releases its key)"),
+    ):
+        o_sub.add_parser(name, help=what).add_argument("row_id", type=int)
+    o_sub.add_parser("purge", help="delete published rows past the retention period now")
     r = sub.add_parser("recover", help="apply the crash-recovery rule to expired claims")
     r.add_argument("--once", action="store_true", required=True, help="one sweep, then exit")
     sandbox_command.add_arguments(sub.add_parser("sandbox", help="run the sandbox provider"))
@@ -103,13 +116,49 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if args.command == "recover":
         return asyncio.run(_recover_once(settings, registry))
+    if args.command == "outbox":
+        return asyncio.run(_outbox(args, settings.database_url))
     if settings.kafka_bootstrap is None:
         _fail("TOOL_DISPATCHER_KAFKA_BOOTSTRAP is not set (or use `tool-dispatcher up`)")
     if args.command == "worker":
         from dispatcher.worker import run_worker
 
         return asyncio.run(_until_signal(lambda stop: run_worker(settings, registry, stop)))
+    if args.command == "relay":
+        config = relay_config(settings)
+        return asyncio.run(_until_signal(lambda stop: outbox_relay.run_relay(config, stop)))
     raise AssertionError(args.command)
+
+
+def relay_config(settings: Settings) -> outbox_relay.RelayConfig:
+    if settings.database_url is None or settings.kafka_bootstrap is None:
+        raise ValueError("the relay needs a database and a Kafka bootstrap")
+    return outbox_relay.RelayConfig(
+        database_url=settings.database_url,
+        kafka_bootstrap=settings.kafka_bootstrap,
+        enable_idempotence=settings.kafka_enable_idempotence,
+    )
+
+
+async def _outbox(args: argparse.Namespace, database_url: str) -> int:
+    if args.outbox_command == "dead-letters":
+        letters = await outbox_relay.list_dead_letters(database_url)
+        for letter in letters:
+            print(letter.describe())
+        print(f"{len(letters)} dead letter(s)")
+        return 0
+    if args.outbox_command == "purge":
+        print(f"purged {await outbox_relay.purge_published(database_url)} published row(s)")
+        return 0
+    act = (
+        outbox_relay.retry_dead_letter
+        if args.outbox_command == "retry"
+        else outbox_relay.discard_dead_letter
+    )
+    if not await act(database_url, args.row_id):
+        _fail(f"no dead letter with id {args.row_id}")
+    print(f"dead letter {args.row_id}: {args.outbox_command} done")
+    return 0
 
 
 async def _until_signal(run: Callable[[asyncio.Event], Awaitable[None]]) -> int:

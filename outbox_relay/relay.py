@@ -1,0 +1,408 @@
+"""The relay: read unpublished rows, publish them, mark them -- in that order.
+
+Mechanism
+---------
+* **Lanes.** Every row has a ``lane`` (a hash of its key, computed by the database at
+  insert), so all rows of one key share a lane. Each lane is leased to one relay
+  instance at a time (``<table>_lanes``: owner, expires_at, heartbeat_at); live
+  instances share the lanes out evenly and renew their leases every ``lease_ttl/3``.
+* **Batches.** A relay reads up to ``batch_size`` unpublished rows of the lanes it holds
+  an unexpired lease on, in id order (the lease test is part of the read). It sends them
+  all, waits for every acknowledgement (acks=all), and then marks, in one transaction,
+  each row whose own send *and* every earlier send of its key succeeded. Nothing is
+  marked before the broker acknowledged it: at least once, never lost. Each message
+  carries the row's fixed ``ce_id``, so consumers drop the duplicates a crash causes.
+* **No gaps.** There is no high-water mark: every read asks for all unpublished rows
+  (see :mod:`outbox_relay.queries` on commit-order gaps), so a transaction that took a
+  lower id but committed late is published by the next read.
+* **Handover.** Lanes change hands only between batches (rebalancing) or after a lease
+  lapsed (a dead relay). The new owner re-reads every unmarked row, so it re-sends the
+  dead relay's in-flight batch (duplicates) in the same order, then continues.
+* **Wake-up.** A statement trigger NOTIFYs on insert; the relay LISTENs and also polls
+  every ``poll_interval``.
+
+Order guarantee (per key, counting each message's first delivery)
+-----------------------------------------------------------------
+If row *a* of key K committed before row *b* of K was inserted (the usual case: the
+writer of *b* saw *a*'s effects), *a* reaches the topic before *b*. Proof sketch: *a*
+then has the lower id and is visible to every read that sees *b*; a read returns a
+key's rows in id order; a later row of K is never sent in a batch where an earlier
+one failed, never marked while an earlier one is unmarked, and a dead-lettered row
+stops its key. Rows of K written by *concurrent* transactions reach the topic in the
+order the relay saw them commit (id order among rows that became visible together).
+Re-sends after a crash or lease handover repeat a prefix in the same order, which
+changes no message's first delivery. One caveat without the idempotent producer: a
+broker that fails one produce request after its timeout and then accepts the next
+for the same partition can let a later row overtake an earlier one; the relay then
+holds the later row back, re-sends both in order and counts it in
+``outbox_relay_possibly_reordered_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Self
+
+import psycopg
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from tenacity import AsyncRetrying, RetryCallState, wait_exponential, wait_random
+
+from outbox_relay import metrics
+from outbox_relay.config import RelayConfig
+from outbox_relay.kafka import OutboxRow, TopicGate, build_producer, is_permanent, kafka_headers
+from outbox_relay.leases import LaneLeases
+from outbox_relay.queries import Queries
+from outbox_relay.retention import purge_batches
+from outbox_relay.settle import NOT_SENT, Outcome, Settlement, settle
+from outbox_relay.wakeup import listen, sleep_unless
+
+log = logging.getLogger(__name__)
+
+Connection = psycopg.AsyncConnection[TupleRow]
+
+
+class TransientPublishError(Exception):
+    """Some rows could not be published for now; they stay unmarked and are retried."""
+
+
+# What the relay survives by backing off and trying again: the broker or the
+# database being away. Anything else is a bug and stops the process.
+TRANSIENT = (TransientPublishError, KafkaError, psycopg.OperationalError, PoolTimeout)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """What one :meth:`Relay.run_once` did."""
+
+    read: int = 0
+    published: int = 0
+    dead_lettered: int = 0
+    failed: int = 0
+
+
+class Relay:
+    """One relay instance. Use as an async context manager, then :meth:`run` or
+    :meth:`run_once`."""
+
+    def __init__(self, config: RelayConfig) -> None:
+        self.config = config
+        self.queries = Queries.for_table(config.table)
+        self.leases = LaneLeases(self.queries, config.relay_id, config.lease_ttl)
+        self._pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+            config.conninfo,
+            min_size=2,
+            max_size=4,
+            kwargs={"autocommit": True},
+            open=False,
+            timeout=max(5.0, config.lease_ttl),
+            name=f"outbox-relay-{config.table}",
+        )
+        self._producer: AIOKafkaProducer = build_producer(config)
+        self._gate = TopicGate(self._producer, config)
+        self._lease_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._blocked_seen: dict[int, int] = {}
+        self._labels = {"table": config.table}
+
+    async def __aenter__(self) -> Self:
+        await self._pool.open(wait=False)
+        try:
+            await self._producer.start()
+        except BaseException:
+            await self._producer.stop()
+            await self._pool.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        try:
+            async with self._lease_lock, self._pool.connection() as conn:
+                await self.leases.release_all(conn)
+        except (psycopg.Error, PoolTimeout) as exc:
+            log.warning(
+                "could not hand back lanes (they lapse in %ss): %s", self.config.lease_ttl, exc
+            )
+        await self._gate.close()
+        await self._producer.stop()
+        await self._pool.close()
+
+    async def heartbeat(self) -> frozenset[int]:
+        """Renew leases and take a fair share of lanes; returns the lanes held."""
+        async with self._lease_lock, self._pool.connection() as conn:
+            before = self.leases.owned
+            owned = await self.leases.heartbeat(conn)
+        metrics.OWNED_LANES.labels(**self._labels).set(len(owned))
+        if owned - before:
+            self._wake.set()
+        return owned
+
+    async def run_once(self) -> BatchResult:
+        """Read, publish and mark one batch of the lanes this relay holds.
+
+        Raises :class:`TransientPublishError` (after marking what did get through)
+        when some rows must wait for the broker to recover.
+        """
+        async with self._pool.connection() as conn:
+            if self.leases.excess:
+                async with self._lease_lock:
+                    await self.leases.release_excess(conn)
+            cur = await conn.execute(
+                self.queries.claim, {"owner": self.config.relay_id, "limit": self.config.batch_size}
+            )
+            rows = list(map(OutboxRow._make, await cur.fetchall()))
+            metrics.BATCH_SIZE.labels(**self._labels).observe(len(rows))
+            if not rows:
+                return BatchResult()
+            try:
+                outcomes = await self._publish(rows)
+            except KafkaError:
+                self._gate.forget()
+                raise
+            result = settle(rows, outcomes)
+            await self._record(conn, result)
+        self._count(result)
+        if result.transient:
+            self._gate.forget()
+            row, error = result.failed[0]
+            raise TransientPublishError(
+                f"{len(result.failed)} row(s) not acknowledged, first id {row.id}: {error}"
+            )
+        return BatchResult(len(rows), len(result.published), len(result.dead), 0)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Relay until ``stop`` is set; the batch in flight is finished first."""
+        helpers = [
+            asyncio.create_task(self._heartbeats(stop), name="outbox-relay-heartbeat"),
+            asyncio.create_task(
+                listen(self.config.conninfo, self.queries.listen, self._wake, stop),
+                name="outbox-relay-listen",
+            ),
+            asyncio.create_task(self._housekeeping(stop), name="outbox-relay-housekeeping"),
+        ]
+        try:
+            await self._loop(stop)
+        finally:
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+
+    async def _loop(self, stop: asyncio.Event) -> None:
+        async def sleep(seconds: float) -> None:
+            await sleep_unless(stop, seconds)
+
+        def should_retry(state: RetryCallState) -> bool:
+            exc = state.outcome.exception() if state.outcome else None
+            return isinstance(exc, TRANSIENT) and not stop.is_set()
+
+        retrying = AsyncRetrying(
+            retry=should_retry,
+            # Capped exponential backoff with a little jitter, so relays that lost the
+            # broker together do not all come back in the same millisecond.
+            wait=wait_exponential(
+                multiplier=self.config.backoff_initial, max=self.config.backoff_max
+            )
+            + wait_random(0, self.config.backoff_initial),
+            sleep=sleep,
+            before_sleep=_log_retry,
+            reraise=True,
+        )
+
+        async def cycle() -> BatchResult:
+            if stop.is_set():
+                return BatchResult()
+            return await self.run_once()
+
+        while not stop.is_set():
+            # Cleared before the read: a row committed during the batch sets it again.
+            self._wake.clear()
+            try:
+                result: BatchResult = await retrying(cycle)
+            except TRANSIENT:
+                if stop.is_set():
+                    return
+                raise
+            if result.read >= self.config.batch_size:
+                continue
+            await _wait_first(stop.wait(), self._wake.wait(), seconds=self.config.poll_interval)
+
+    async def _publish(self, rows: list[OutboxRow]) -> list[Outcome]:
+        topics = {t: self.config.kafka_topic(t) for t in {r.topic for r in rows}}
+        bad_topics = await self._gate.check(topics.values())
+        outcomes: list[Outcome] = [NOT_SENT] * len(rows)
+        pending: list[tuple[int, asyncio.Future[Any]]] = []
+        # A key whose earlier row failed sends nothing more in this batch.
+        broken: set[str] = set()
+        for i, row in enumerate(rows):
+            if row.key in broken:
+                continue
+            topic = topics[row.topic]
+            if bad_topics and topic in bad_topics:
+                outcomes[i] = bad_topics[topic]
+                broken.add(row.key)
+                continue
+            try:
+                future = await self._producer.send(
+                    topic,
+                    row.payload.encode(),
+                    key=row.key.encode(),
+                    headers=kafka_headers(row.headers),
+                )
+            except KafkaError as exc:
+                outcomes[i] = exc
+                broken.add(row.key)
+                if not is_permanent(exc):
+                    # The client itself is stuck (buffer full, no metadata): every
+                    # further send would wait out the same timeout.
+                    break
+                continue
+            pending.append((i, future))
+        acks = await asyncio.gather(*(f for _, f in pending), return_exceptions=True)
+        for (i, _), ack in zip(pending, acks, strict=True):
+            outcomes[i] = ack if isinstance(ack, BaseException) else None
+        return outcomes
+
+    async def _record(self, conn: Connection, result: Settlement) -> None:
+        async with conn.transaction():
+            if result.published:
+                await conn.execute(
+                    self.queries.mark_published, {"ids": [r.id for r in result.published]}
+                )
+            async with conn.cursor() as cur:
+                if result.dead:
+                    await cur.executemany(
+                        self.queries.dead_letter,
+                        [{"id": r.id, "error": e} for r, e in result.dead],
+                    )
+                if result.failed:
+                    await cur.executemany(
+                        self.queries.record_failure,
+                        [{"id": r.id, "error": e} for r, e in result.failed],
+                    )
+
+    def _count(self, result: Settlement) -> None:
+        labels = self._labels
+        if result.published:
+            metrics.PUBLISHED.labels(**labels).inc(len(result.published))
+            now = datetime.now(UTC).timestamp()
+            metrics.observe_many(
+                metrics.LATENCY.labels(**labels),
+                [now - row.created_at.timestamp() for row in result.published],
+            )
+        for row, error in result.dead:
+            metrics.DEAD_LETTERED.labels(**labels).inc()
+            metrics.PUBLISH_ERRORS.labels(kind="permanent", **labels).inc()
+            log.error(
+                "outbox row %s (key %r, topic %r) dead-lettered: %s; later rows of this key "
+                "wait until it is retried or discarded",
+                row.id,
+                row.key,
+                row.topic,
+                error,
+            )
+        if result.failed:
+            metrics.PUBLISH_ERRORS.labels(kind="transient", **labels).inc(len(result.failed))
+        if result.held_back:
+            metrics.REORDERED.labels(**labels).inc(len(result.held_back))
+            log.warning(
+                "%d row(s) were acknowledged behind a failed row of their key and will be "
+                "sent again after it (first id %s)",
+                len(result.held_back),
+                result.held_back[0].id,
+            )
+
+    async def _heartbeats(self, stop: asyncio.Event) -> None:
+        interval = self.config.lease_ttl / 3
+        while not stop.is_set():
+            try:
+                await self.heartbeat()
+            except (psycopg.Error, PoolTimeout) as exc:
+                log.warning("lease heartbeat failed: %s", exc)
+                if await sleep_unless(stop, min(interval, 1.0)):
+                    return
+                continue
+            if await sleep_unless(stop, interval):
+                return
+
+    async def _housekeeping(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        next_purge = loop.time()
+        while not stop.is_set():
+            try:
+                await self.refresh_gauges()
+                if loop.time() >= next_purge:
+                    next_purge = loop.time() + self.config.retention_interval
+                    async with self._pool.connection() as conn:
+                        deleted = await purge_batches(
+                            conn,
+                            self.queries,
+                            older_than=self.config.retention,
+                            batch_size=self.config.retention_batch,
+                        )
+                    if deleted:
+                        log.info("retention deleted %d published row(s)", deleted)
+            except (psycopg.Error, PoolTimeout) as exc:
+                log.warning("outbox housekeeping failed: %s", exc)
+            if await sleep_unless(stop, self.config.metrics_interval):
+                return
+
+    async def refresh_gauges(self) -> None:
+        """Update backlog, oldest-age, dead-letter and blocked-row gauges; log dead
+        letters that hold rows of their key back."""
+        async with self._pool.connection() as conn:
+            row = await (await conn.execute(self.queries.backlog)).fetchone()
+            blocked = await (await conn.execute(self.queries.blocked)).fetchall()
+        backlog, oldest, dead = row if row else (0, None, 0)
+        labels = self._labels
+        metrics.BACKLOG.labels(**labels).set(backlog)
+        age = (datetime.now(UTC) - oldest).total_seconds() if oldest else 0.0
+        metrics.OLDEST_AGE.labels(**labels).set(max(age, 0.0))
+        metrics.DEAD_LETTERS.labels(**labels).set(dead)
+        metrics.BLOCKED.labels(**labels).set(sum(n for _, _, n in blocked))
+        seen = {dead_id: n for dead_id, _, n in blocked}
+        for dead_id, key, n in blocked:
+            if self._blocked_seen.get(dead_id) != n:
+                log.warning("%d row(s) of key %r blocked behind dead letter id %d", n, key, dead_id)
+        self._blocked_seen = seen
+
+
+def _log_retry(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    delay = state.next_action.sleep if state.next_action else 0.0
+    log.warning(
+        "relay batch failed (attempt %d), retrying in %.2fs: %s", state.attempt_number, delay, exc
+    )
+
+
+async def _wait_first(*waits: Awaitable[Any], seconds: float) -> None:
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def run_relay(config: RelayConfig, stop: asyncio.Event) -> None:
+    """Run one relay instance until ``stop`` is set (e.g. by a SIGTERM handler).
+
+    The batch in flight when ``stop`` is set is published and marked before this
+    returns; leases are handed back so other instances take over at once.
+    """
+    async with Relay(config) as relay:
+        await relay.run(stop)
+
+
+async def run_once(config: RelayConfig) -> BatchResult:
+    """Take a fair share of lanes, relay one batch, hand the lanes back (for tests
+    and one-shot jobs)."""
+    async with Relay(config) as relay:
+        await relay.heartbeat()
+        return await relay.run_once()

@@ -1,0 +1,67 @@
+"""The packages' public surfaces, pinned: adding or dropping a name is a deliberate act
+that updates this test too."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import dispatcher
+import outbox_relay
+
+SURFACES = {
+    "outbox_relay": [
+        "BatchResult",
+        "DeadLetter",
+        "OutboxMessage",
+        "RelayConfig",
+        "discard_dead_letter",
+        "list_dead_letters",
+        "outbox_table",
+        "purge_published",
+        "retry_dead_letter",
+        "run_once",
+        "run_relay",
+    ],
+    "dispatcher": [
+        "Capability",
+        "CapabilityRegistry",
+        "DispatcherError",
+        "EventView",
+        "ExecutionStatus",
+        "ReconciliationStatus",
+        "Settings",
+        "Submission",
+        "SubmitRequest",
+        "ToolCallView",
+        "VerificationStatus",
+        "load_registry",
+        "load_settings",
+        "submit",
+        "submit_many",
+    ],
+}
+
+
+def test_outbox_relay_surface() -> None:
+    assert sorted(outbox_relay.__all__) == SURFACES["outbox_relay"]
+
+
+def test_dispatcher_surface() -> None:
+    assert sorted(dispatcher.__all__) == SURFACES["dispatcher"]
+
+
+@pytest.mark.parametrize("package", sorted(SURFACES))
+def test_every_exported_name_exists_and_is_listed_once(package: str) -> None:
+    module = importlib.import_module(package)
+    exported = list(module.__all__)
+    assert len(exported) == len(set(exported))
+    missing = [name for name in exported if not hasattr(module, name)]
+    assert missing == []
+
+
+def test_library_submit_is_the_intake_function() -> None:
+    from dispatcher.intake import submit
+
+    assert dispatcher.submit is submit
