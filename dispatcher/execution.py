@@ -42,16 +42,21 @@ class Claim:
     version: int
     lease_seconds: float
     claimed_at: float
+    # A reconciler's re-send: a final answer settles the call (-> confirmed) instead of
+    # completing or failing it, because the call was already in doubt.
+    settles: bool = False
 
 
-def lease_seconds(capability: Capability, minimum: float) -> float:
-    """Long enough for every attempt the retry policy allows, plus a margin."""
+def lease_seconds(capability: Capability, minimum: float, margin: float) -> float:
+    """Long enough for every attempt the retry policy allows, plus a margin: a lease
+    that lapses while the worker is still legitimately sending would hand a live call
+    to the recovery sweep."""
     policy = capability.retry
     worst = (
         capability.request.timeout_seconds * policy.max_attempts
         + policy.max_backoff_seconds * (policy.max_attempts - 1)
     )
-    return max(minimum, worst + 5.0)
+    return max(minimum, worst + margin)
 
 
 class Executor:
@@ -65,15 +70,19 @@ class Executor:
         *,
         worker_id: str,
         events_topic: str,
-        min_lease_seconds: float = 30.0,
+        min_lease_seconds: float = 10.0,
+        lease_margin_seconds: float = 5.0,
         crash: CrashPoints | None = None,
+        producer: str = PRODUCER,
     ) -> None:
         self._sessions = sessions
+        self._producer = producer
         self._registry = registry
         self._provider = provider
         self.worker_id = worker_id
         self._events_topic = events_topic
         self._min_lease = min_lease_seconds
+        self._lease_margin = lease_margin_seconds
         self._crash = crash or CrashPoints()
 
     async def execute(self, tool_call_id: str) -> S | None:
@@ -82,6 +91,11 @@ class Executor:
         claim = await self.claim(tool_call_id)
         if claim is None:
             return None
+        return await self.run(claim)
+
+    async def run(self, claim: Claim) -> S | None:
+        """Send a claimed call (its lease committed) and record the outcome."""
+        tool_call_id = claim.tool_call_id
         self._crash.hit("after-claim")
         if time.monotonic() - claim.claimed_at > claim.lease_seconds:
             # Stalled before sending: the recovery sweep owns the call now.
@@ -121,26 +135,57 @@ class Executor:
             except CapabilityNotFound:
                 log.error("call %s names an unregistered capability", tool_call_id)
                 return None
-            lease = lease_seconds(capability, self._min_lease)
             try:
-                row = await move(
+                return await self.claim_in(
                     session,
                     tool_call_id,
+                    capability,
                     expected=S.AUTHORIZED,
-                    target=S.DISPATCHING,
-                    event_type=EventType.TOOL_CALL_DISPATCHING,
-                    producer=PRODUCER,
-                    events_topic=self._events_topic,
-                    fields={
-                        "lease_owner": self.worker_id,
-                        "lease_expires_at": func.now() + timedelta(seconds=lease),
-                        "dispatched_at": func.now(),
-                        "dispatch_attempts": peek["dispatch_attempts"] + 1,
-                    },
-                    payload={"worker": self.worker_id, "leaseSeconds": lease},
+                    dispatch_attempts=peek["dispatch_attempts"],
                 )
             except TransitionConflict:
                 return None
+
+    async def claim_in(
+        self,
+        session: AsyncSession,
+        tool_call_id: str,
+        capability: Capability,
+        *,
+        expected: S,
+        dispatch_attempts: int,
+        event_type: EventType = EventType.TOOL_CALL_DISPATCHING,
+        payload: dict[str, Any] | None = None,
+        lease_owner: str | None = None,
+        version: int | None = None,
+        settles: bool = False,
+    ) -> Claim:
+        """Move ``expected -> dispatching`` under this worker's lease in the caller's
+        transaction (the caller's commit is point A). ``lease_owner`` and ``version``
+        fence the move as in :func:`move`; raises :class:`TransitionConflict`."""
+        lease = lease_seconds(capability, self._min_lease, self._lease_margin)
+        row = await move(
+            session,
+            tool_call_id,
+            expected=expected,
+            target=S.DISPATCHING,
+            event_type=event_type,
+            producer=self._producer,
+            events_topic=self._events_topic,
+            fields={
+                "lease_owner": self.worker_id,
+                "lease_expires_at": func.now() + timedelta(seconds=lease),
+                # A re-send keeps the first dispatch time: the provider's idempotency
+                # window is counted from it.
+                "dispatched_at": func.coalesce(tool_calls.c.dispatched_at, func.now())
+                if settles
+                else func.now(),
+                "dispatch_attempts": dispatch_attempts + 1,
+            },
+            payload={"worker": self.worker_id, "leaseSeconds": lease, **(payload or {})},
+            lease_owner=lease_owner,
+            version=version,
+        )
         m = row._mapping
         return Claim(
             m["tool_call_id"],
@@ -151,6 +196,7 @@ class Executor:
             m["version"],
             lease,
             time.monotonic(),
+            settles,
         )
 
     async def record(self, claim: Claim, outcome: ProviderOutcome) -> S | None:
@@ -185,7 +231,7 @@ class Executor:
                 expected=expected,
                 target=target,
                 event_type=event,
-                producer=PRODUCER,
+                producer=self._producer,
                 events_topic=self._events_topic,
                 fields=fields,
                 payload=evidence,
@@ -194,6 +240,14 @@ class Executor:
             )
 
         kind = outcome.kind
+        if claim.settles and (
+            kind is OutcomeKind.COMPLETED
+            or (kind is OutcomeKind.FAILED and outcome.http_status is not None)
+        ):
+            return await self._settle(step, outcome)
+        if claim.settles and kind is OutcomeKind.NOT_SENT:
+            # The re-send never reached the provider: still in doubt, look again later.
+            kind = OutcomeKind.UNKNOWN
         if kind is OutcomeKind.COMPLETED:
             await step(
                 S.DISPATCHING,
@@ -260,6 +314,39 @@ class Executor:
             },
         )
         return S.RESULT_UNKNOWN
+
+    @staticmethod
+    async def _settle(step: Any, outcome: ProviderOutcome) -> S:
+        """A re-sent call's final answer: ``dispatching -> accepted -> confirmed``."""
+        succeeded = outcome.kind is OutcomeKind.COMPLETED
+        await step(
+            S.DISPATCHING,
+            S.ACCEPTED,
+            EventType.TOOL_CALL_ACCEPTED,
+            {"lease_owner": None, "lease_expires_at": None, "accepted_at": func.now()}
+            | (
+                {"external_request_id": outcome.external_request_id}
+                if outcome.external_request_id
+                else {}
+            ),
+        )
+        await step(
+            S.ACCEPTED,
+            S.CONFIRMED,
+            EventType.TOOL_CALL_CONFIRMED,
+            {
+                "completed_at": func.now(),
+                "result": outcome.result,
+                "last_error": None if succeeded else outcome.error,
+                "reconciliation_status": ReconciliationStatus.SETTLED,
+                "next_reconcile_at": None,
+                "verification_status": VerificationStatus.CONFIRMED_SUCCESS
+                if succeeded
+                else VerificationStatus.CONFIRMED_FAILURE,
+            },
+            False,
+        )
+        return S.CONFIRMED
 
     @staticmethod
     def _follow_up(capability: Capability) -> dict[str, Any]:

@@ -61,7 +61,11 @@ class Settings(BaseSettings):
     # Tansu holds every fetch for the full wait: keep it short for latency.
     kafka_fetch_max_wait_ms: int = Field(default=10, ge=0)
     topic_partitions: int = Field(default=8, ge=1)
-    min_lease_seconds: float = Field(default=30.0, gt=0)
+    min_lease_seconds: float = Field(default=10.0, gt=0)
+    # Added to the worst case of a call's retry policy to size its lease.
+    lease_margin_seconds: float = Field(default=5.0, ge=0)
+    # How soon the group notices a dead worker and hands its partitions over.
+    kafka_session_timeout_ms: int = Field(default=10_000, ge=1000)
     recovery_interval_seconds: float = Field(default=2.0, gt=0)
     # e.g. "after-send:3": SIGKILL at the 3rd pass of that point (crash tests only).
     crash_at: str | None = None
@@ -69,6 +73,15 @@ class Settings(BaseSettings):
     provider_secrets: dict[str, SecretStr] = Field(default_factory=dict)
     # A directory of files named after capability ids, each holding one credential.
     provider_secrets_dir: Path | None = None
+
+    # Reconciler: calls claimed per transaction, lookups in flight, how long a claim
+    # keeps other reconcilers off a call, and the pause between passes of the loop.
+    reconcile_batch_size: int = Field(default=200, ge=1)
+    reconcile_concurrency: int = Field(default=64, ge=1)
+    reconcile_lease_seconds: float = Field(default=60.0, gt=0)
+    reconcile_interval_seconds: float = Field(default=5.0, gt=0)
+    # Serve the reconciler's /metrics on this port (None: not served).
+    reconcile_metrics_port: int | None = None
 
     dispatch_topic: str = "tool-dispatcher.commands"
     events_topic: str = "tool-dispatcher.events"

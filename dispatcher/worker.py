@@ -74,6 +74,7 @@ async def run_worker(
         worker_id=worker_id,
         events_topic=settings.events_topic,
         min_lease_seconds=settings.min_lease_seconds,
+        lease_margin_seconds=settings.lease_margin_seconds,
         crash=CrashPoints(settings.crash_at),
     )
     await ensure_topics(settings)
@@ -85,6 +86,8 @@ async def run_worker(
         auto_offset_reset="earliest",
         fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
         max_poll_records=settings.worker_concurrency,
+        session_timeout_ms=settings.kafka_session_timeout_ms,
+        heartbeat_interval_ms=max(300, settings.kafka_session_timeout_ms // 4),
     )
     await consumer.start()
     sweeper = asyncio.create_task(_sweep(settings, registry, sessions, stop))

@@ -50,6 +50,7 @@ async def submit_call(
     *,
     key: str | None = None,
     run_id: str = "run-1",
+    topics: dict[str, str] | None = None,
 ) -> str:
     async with sessions() as session, session.begin():
         submission = await submit(
@@ -59,6 +60,7 @@ async def submit_call(
             ),
             tenant="acme",
             registry=registry,
+            **{f"{name}_topic": topic for name, topic in (topics or {}).items()},
         )
     return submission.view.tool_call_id
 
@@ -110,7 +112,7 @@ async def books(base_url: str) -> dict[str, Any]:
     return data
 
 
-async def add_fault(base_url: str, rule: dict[str, Any]) -> None:
+async def add_fault(base_url: str, rule: dict[str, Any] | list[dict[str, Any]]) -> None:
     async with httpx.AsyncClient(base_url=base_url) as client:
         response = await client.post("/v1/faults", json=rule)
         response.raise_for_status()

@@ -1,0 +1,145 @@
+"""Issue 4's acceptance run: 1,000 calls through API -> relay -> workers -> sandbox with
+10% dropped responses, 5% 503s and two worker kill -9s, all as real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dispatcher.embedded import free_port, wait_for_port
+from dispatcher.sandbox import SandboxServer
+from dispatcher.tables import tool_calls
+from tests.dispatch_support import add_fault, books
+from tests.stack_support import API_KEY, ProcessStack, eventually, exited
+
+pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.slow]
+
+CALLS = 1000
+DROPPED = range(100)  # 10%: the effect happens, the response is lost
+THROTTLED = range(100, 125)  # 2.5%: 503 with Retry-After, nothing applied
+FAILED_5XX = range(125, 150)  # 2.5%: 503 without Retry-After, no definitive answer
+SETTLED_OR_UNKNOWN = {"completed", "failed", "result_unknown"}
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[SandboxServer]:
+    async with SandboxServer() as server:
+        yield server
+
+
+@pytest.fixture
+def stack(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, sandbox: SandboxServer
+) -> Iterator[ProcessStack]:
+    stack = ProcessStack(
+        tmp_path,
+        database_url=database_url,
+        kafka_bootstrap=kafka_bootstrap,
+        sandbox_url=sandbox.url,
+        capability={"timeout": 2.0, "attempts": 3},
+        http_port=free_port(),
+    )
+    yield stack
+    stack.close()
+
+
+def key(i: int) -> str:
+    return f"refund:order-{i}"
+
+
+async def statuses(sessions: async_sessionmaker[AsyncSession]) -> Counter[str]:
+    async with sessions() as session:
+        rows = await session.execute(
+            select(tool_calls.c.status, func.count()).group_by(tool_calls.c.status)
+        )
+        return Counter({status: n for status, n in rows})
+
+
+async def test_thousand_calls_with_lost_responses_503s_and_worker_kills(
+    stack: ProcessStack,
+    sessions: async_sessionmaker[AsyncSession],
+    sandbox: SandboxServer,
+) -> None:
+    rules: list[dict[str, Any]] = [
+        {"kind": "drop_after_apply", "idempotencyKey": key(i)} for i in DROPPED
+    ]
+    rules += [
+        {"kind": "unavailable", "retryAfter": 0, "times": 1, "idempotencyKey": key(i)}
+        for i in THROTTLED
+    ]
+    rules += [{"kind": "error", "status": 503, "idempotencyKey": key(i)} for i in FAILED_5XX]
+    await add_fault(sandbox.url, rules)
+
+    api = stack.start("serve")
+    await asyncio.to_thread(wait_for_port, "127.0.0.1", int(stack.env["TOOL_DISPATCHER_HTTP_PORT"]))
+    stack.start("relay")
+    workers = [stack.start("worker", name="worker-a"), stack.start("worker", name="worker-b")]
+
+    base = f"http://127.0.0.1:{stack.env['TOOL_DISPATCHER_HTTP_PORT']}"
+    limit = asyncio.Semaphore(32)
+    async with httpx.AsyncClient(
+        base_url=base, timeout=30, headers={"Authorization": f"Bearer {API_KEY}"}
+    ) as client:
+
+        async def submit(i: int) -> int:
+            async with limit:
+                response = await client.post(
+                    "/v1/tool-calls",
+                    json={
+                        "runId": f"run-{i % 50}",
+                        "capabilityId": "refund",
+                        "idempotencyKey": key(i),
+                        "input": {"orderId": f"order-{i}"},
+                    },
+                )
+                return response.status_code
+
+        codes = await asyncio.gather(*(submit(i) for i in range(CALLS)))
+    assert Counter(codes) == {201: CALLS}
+    assert api.poll() is None
+
+    async def done_at_least(n: int) -> bool:
+        counts = await statuses(sessions)
+        return sum(counts[s] for s in SETTLED_OR_UNKNOWN) >= n
+
+    for victim, progress in ((0, 300), (1, 600)):
+        await eventually(
+            partial(done_at_least, progress), within=120, what=f"{progress} calls done"
+        )
+        workers[victim].send_signal(signal.SIGKILL)
+        assert await exited(workers[victim]) == -signal.SIGKILL
+        workers[victim] = stack.start("worker", name=f"restarted-{victim}")
+
+    await eventually(partial(done_at_least, CALLS), within=180, what="every call to settle")
+
+    final = await statuses(sessions)
+    assert set(final) <= SETTLED_OR_UNKNOWN, final
+    assert sum(final.values()) == CALLS
+    counts = await books(sandbox.url)
+    assert max(counts["effects"].values()) == 1  # no effect ever happened twice
+    async with sessions() as session:
+        by_key = dict(
+            (await session.execute(select(tool_calls.c.idempotency_key, tool_calls.c.status))).all()
+        )
+    for i in DROPPED:
+        assert by_key[key(i)] == "result_unknown"
+        assert counts["effects"][key(i)] == 1  # the lost answer's effect is real
+    for i in THROTTLED:
+        assert by_key[key(i)] == "completed"
+        assert counts["received"][key(i)] == 2  # refused once, then sent again
+    for i in FAILED_5XX:
+        assert by_key[key(i)] == "result_unknown"
+        assert counts["received"][key(i)] == 1  # never retried blindly
+    completed = [k for k, s in by_key.items() if s == "completed"]
+    assert all(counts["effects"].get(k) == 1 for k in completed)
+    assert final["completed"] >= CALLS - len(DROPPED) - len(FAILED_5XX) - 2 * 64
