@@ -12,7 +12,7 @@ def create_engine(settings: Settings) -> AsyncEngine:
         settings.sqlalchemy_url(),
         pool_size=settings.db_pool_size,
         max_overflow=0,
-        pool_pre_ping=True,
+        pool_pre_ping=settings.db_pool_pre_ping,
     )
 
 

@@ -3,7 +3,8 @@ caller's transaction. The same idempotency key replays the stored call; the same
 with a different request is refused.
 
 One code path serves a single library call and a batch of HTTP submissions grouped
-into one commit: a batch costs three INSERTs and at most one SELECT, whatever its size.
+into one commit: a batch costs one constant statement (three INSERTs in CTEs) and at
+most one SELECT, whatever its size.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-from sqlalchemy import insert, select, tuple_
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import bindparam, select, text, tuple_
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.capabilities import CapabilityRegistry, render_key_template
@@ -28,15 +29,80 @@ from dispatcher.errors import (
     ToolCallIdConflict,
     ValidationFailed,
 )
-from dispatcher.events import DEFAULT_EVENTS_TOPIC, CallContext, EventType, event_row, record_events
+from dispatcher.events import (
+    DEFAULT_EVENTS_TOPIC,
+    CallContext,
+    EventType,
+    event_message,
+    event_row,
+)
 from dispatcher.states import ExecutionStatus
-from dispatcher.tables import outbox, tool_calls
+from dispatcher.tables import tool_calls
 from dispatcher.views import ToolCallView
 from outbox_relay import OutboxMessage
 
 PRODUCER = "tool-dispatcher.intake"
 DISPATCH_COMMAND = "tool.call.dispatch"
 DEFAULT_DISPATCH_TOPIC = "tool-dispatcher.commands"
+
+_CALL_COLUMNS = {
+    "tool_call_id": "text", "tenant": "text", "run_id": "text", "turn_id": "text",
+    "capability_id": "text", "input": "jsonb", "idempotency_key": "text",
+    "request_fingerprint": "text", "status": "text", "correlation_id": "text",
+    "causation_id": "text", "reasoning_object_id": "text",
+}  # fmt: skip
+_EVENT_COLUMNS = {
+    "event_id": "text", "event_type": "text", "tenant": "text", "run_id": "text",
+    "turn_id": "text", "producer": "text", "reasoning_object_id": "text",
+    "capability_id": "text", "correlation_id": "text", "causation_id": "text",
+    "tool_call_id": "text", "schema_version": "int", "occurred_at": "timestamptz",
+    "payload": "jsonb",
+}  # fmt: skip
+_OUTBOX_COLUMNS = {"topic": "text", "key": "text", "payload": "jsonb", "headers": "jsonb"}
+
+
+def _rows_of(param: str, columns: dict[str, str], extra: str = "") -> str:
+    """SELECT list and FROM of the rows passed as one JSON array in ``param``, in
+    array order (WITH ORDINALITY)."""
+    spec = ", ".join(f"{c} {t}" for c, t in columns.items()) + (f", {extra} text" if extra else "")
+    names = ", ".join(columns) + (f", {extra}" if extra else "")
+    # Only this module's constant column lists go into the text.
+    rows = f"ROWS FROM (jsonb_to_recordset(:{param}) AS ({spec}))"
+    return f"SELECT {', '.join(columns)} FROM {rows} WITH ORDINALITY AS {param}_in({names}, ord)"  # noqa: S608
+
+
+# The whole intake write in one statement and one round trip. Events and outbox rows
+# are written only for the calls the first INSERT created (its RETURNING), so a
+# replayed or refused item adds nothing. The text is constant: SQLAlchemy compiles it
+# once and psycopg prepares it once, whatever the batch size (a ``.values(list)``
+# statement is compiled anew on every call, which cost more CPU than all the rest).
+# No conflict target: a clash on the key or on the toolCallId both skip the row. A
+# concurrent uncommitted insert of the same key makes PostgreSQL wait for it, so the
+# SELECT in _replay sees the winner.
+_INTAKE = (
+    text(
+        f"""WITH calls AS (
+    INSERT INTO tool_calls ({", ".join(_CALL_COLUMNS)})
+    {_rows_of("calls", _CALL_COLUMNS)} ORDER BY ord
+    ON CONFLICT DO NOTHING RETURNING *
+), events AS (
+    INSERT INTO execution_events ({", ".join(_EVENT_COLUMNS)})
+    {_rows_of("events", _EVENT_COLUMNS)}
+    WHERE tool_call_id IN (SELECT tool_call_id FROM calls) ORDER BY ord
+), messages AS (
+    INSERT INTO outbox ({", ".join(_OUTBOX_COLUMNS)})
+    {_rows_of("messages", _OUTBOX_COLUMNS, extra="call")}
+    WHERE call IN (SELECT tool_call_id FROM calls) ORDER BY ord
+)
+SELECT * FROM calls"""  # noqa: S608 - constant text, every value is a bound parameter
+    )
+    .bindparams(
+        bindparam("calls", type_=JSONB),
+        bindparam("events", type_=JSONB),
+        bindparam("messages", type_=JSONB),
+    )
+    .columns(*tool_calls.c)
+)
 
 _Id = Field(default=None, min_length=1, max_length=200)
 
@@ -141,31 +207,42 @@ async def submit_many(
     if prepared:
         # Sorted by key so that concurrent batches take their conflict locks in the
         # same order and cannot deadlock on each other.
-        rows = sorted(
-            (p.values for p in prepared.values()), key=lambda v: (v["tenant"], v["idempotency_key"])
-        )
+        order = sorted(prepared, key=lambda i: prepared[i].key)
+        # Of several items with one key or toolCallId, only the first is inserted; the
+        # others are answered as replays of it (the statement writes the events of
+        # every created call, so it must not see two claims to one row).
+        fresh: list[int] = []
+        to_replay: dict[int, _Prepared] = {}
+        claimed: set[object] = set()
+        for i in order:
+            prep = prepared[i]
+            ids = (prep.key, prep.values["tool_call_id"])
+            if claimed.isdisjoint(ids):
+                claimed.update(ids)
+                fresh.append(i)
+            else:
+                to_replay[i] = prep
+        events: list[dict[str, Any]] = []
+        messages: list[dict[str, Any]] = []
+        for i in fresh:
+            _plan_created(prepared[i], events, messages, dispatch_topic, events_topic)
         inserted = {
-            (row.tenant, row.idempotency_key): row._mapping
+            row.tool_call_id: row._mapping
             for row in await session.execute(
-                # No conflict target: a clash on the key or on the toolCallId both land
-                # here. A concurrent uncommitted insert of the same key makes PostgreSQL
-                # wait for it, so the SELECT in _replay sees the winner.
-                pg_insert(tool_calls).values(rows).on_conflict_do_nothing().returning(*tool_calls.c)
+                _INTAKE,
+                {
+                    "calls": [prepared[i].values for i in fresh],
+                    "events": events,
+                    "messages": messages,
+                },
             )
         }
-        to_replay: dict[int, _Prepared] = {}
-        created: list[tuple[_Prepared, Any]] = []
-        for i, prep in prepared.items():
-            row = inserted.get(prep.key)
-            # Created only if the stored row is this item's own: another item of the
-            # batch may have taken the key (or this item's toolCallId) first.
-            if row is None or row["tool_call_id"] != prep.values["tool_call_id"]:
-                to_replay[i] = prep
+        for i in fresh:
+            row = inserted.get(prepared[i].values["tool_call_id"])
+            if row is None:
+                to_replay[i] = prepared[i]
             else:
-                del inserted[prep.key]
-                created.append((prep, row))
                 outcomes[i] = Submission(ToolCallView.of(row), created=True)
-        await _record_created(session, created, dispatch_topic, events_topic)
         if to_replay:
             outcomes_of_replays = await _replay(session, to_replay)
             for i, outcome in outcomes_of_replays.items():
@@ -210,48 +287,50 @@ def _prepare(request: SubmitRequest, tenant: str, registry: CapabilityRegistry) 
     )
 
 
-async def _record_created(
-    session: AsyncSession,
-    created: list[tuple[_Prepared, Any]],
+def _plan_created(
+    prep: _Prepared,
+    events: list[dict[str, Any]],
+    messages: list[dict[str, Any]],
     dispatch_topic: str,
     events_topic: str | None,
 ) -> None:
-    events: list[dict[str, Any]] = []
-    commands: list[dict[str, Any]] = []
-    for prep, row in created:
-        ctx = CallContext.of(row)
-        requested = event_row(
+    """Append the event rows and outbox rows that record ``prep`` if it is created."""
+    ctx = CallContext.of(prep.values)
+    call = prep.values["tool_call_id"]
+    new = [
+        event_row(
             EventType.TOOL_CALL_REQUESTED,
             ctx,
             producer=PRODUCER,
             causation_id=prep.request.causation_id,
             payload={
-                "idempotencyKey": row["idempotency_key"],
+                "idempotencyKey": prep.values["idempotency_key"],
                 "requiresApproval": prep.requires_approval,
             },
         )
-        events.append(requested)
-        if prep.requires_approval:
-            continue
-        authorized = event_row(
-            EventType.TOOL_CALL_AUTHORIZED,
-            ctx,
-            producer=PRODUCER,
-            causation_id=requested["event_id"],
-            payload={"reason": "no approval required"},
-        )
-        events.append(authorized)
-        commands.append(
-            dispatch_command(
+    ]
+    if not prep.requires_approval:
+        new.append(
+            event_row(
+                EventType.TOOL_CALL_AUTHORIZED,
                 ctx,
-                row["idempotency_key"],
-                topic=dispatch_topic,
-                causation_id=authorized["event_id"],
+                producer=PRODUCER,
+                causation_id=new[0]["event_id"],
+                payload={"reason": "no approval required"},
             )
         )
-    await record_events(session, events, topic=events_topic)
-    if commands:
-        await session.execute(insert(outbox).values(commands))
+    if events_topic is not None:
+        messages.extend({**event_message(e, events_topic), "call": call} for e in new)
+    if not prep.requires_approval:
+        command = dispatch_command(
+            ctx,
+            prep.values["idempotency_key"],
+            topic=dispatch_topic,
+            causation_id=new[-1]["event_id"],
+        )
+        messages.append({**command, "call": call})
+    # JSON parameters: the timestamp travels as ISO 8601 text.
+    events.extend({**e, "occurred_at": e["occurred_at"].isoformat()} for e in new)
 
 
 def dispatch_command(

@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     api_keys: list[ApiKey] = Field(default_factory=list)
 
     db_pool_size: int = 20
+    # A round trip per checkout that survives database restarts; a caller that handles
+    # a dropped connection itself (or a benchmark matching a bare pool) may turn it off.
+    db_pool_pre_ping: bool = True
     # Concurrent HTTP submissions are grouped into one commit; each caller is
     # answered only after the transaction holding its rows committed.
     intake_batch_max: int = 128
