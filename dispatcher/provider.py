@@ -16,6 +16,7 @@ transport error.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -111,9 +112,18 @@ class ProviderClient:
     ``Authorization: Bearer``; it is never stored, logged or put in an error.
     """
 
-    def __init__(self, http: httpx.AsyncClient, secrets: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        secrets: Mapping[str, str] | None = None,
+        *,
+        max_in_flight: int = 16,
+    ) -> None:
         self._http = http
         self._secrets = dict(secrets or {})
+        # Requests beyond the connection pool wait here rather than in httpcore, whose
+        # bookkeeping costs grow with every queued request and pooled connection.
+        self._in_flight = asyncio.Semaphore(max_in_flight)
 
     async def dispatch(self, capability: Capability, request: DispatchRequest) -> ProviderOutcome:
         policy = capability.retry
@@ -156,13 +166,14 @@ class ProviderClient:
         if secret:
             headers["Authorization"] = f"Bearer {secret}"
         try:
-            response = await self._http.request(
-                endpoint.method,
-                endpoint.url,
-                json=dict(request.input),
-                headers=headers,
-                timeout=endpoint.timeout_seconds,
-            )
+            async with self._in_flight:
+                response = await self._http.request(
+                    endpoint.method,
+                    endpoint.url,
+                    json=dict(request.input),
+                    headers=headers,
+                    timeout=endpoint.timeout_seconds,
+                )
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             raise _NotSent(f"not sent: {type(exc).__name__}") from exc
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:

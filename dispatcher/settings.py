@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     # Workers.
     worker_group_id: str = "tool-dispatcher-workers"
     worker_concurrency: int = Field(default=64, ge=1)
+    # Pooled connections to providers (httpx's pool bookkeeping grows with its size).
+    provider_max_connections: int = Field(default=16, ge=1)
     # Tansu holds every fetch for the full wait: keep it short for latency.
     kafka_fetch_max_wait_ms: int = Field(default=10, ge=0)
     topic_partitions: int = Field(default=8, ge=1)

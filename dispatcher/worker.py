@@ -59,8 +59,8 @@ async def run_worker(
     sessions = session_factory(engine)
     http = httpx.AsyncClient(
         limits=httpx.Limits(
-            max_connections=settings.worker_concurrency * 2,
-            max_keepalive_connections=settings.worker_concurrency,
+            max_connections=settings.provider_max_connections,
+            max_keepalive_connections=settings.provider_max_connections,
             # Shorter than a provider's idle timeout, so a pooled
             # connection is not reused just as the server closes it.
             keepalive_expiry=2.0,
@@ -70,7 +70,9 @@ async def run_worker(
     executor = Executor(
         sessions,
         registry,
-        ProviderClient(http, settings.provider_credentials()),
+        ProviderClient(
+            http, settings.provider_credentials(), max_in_flight=settings.provider_max_connections
+        ),
         worker_id=worker_id,
         events_topic=settings.events_topic,
         min_lease_seconds=settings.min_lease_seconds,
@@ -110,8 +112,8 @@ async def run_worker(
     try:
         while not stop.is_set():
             batches = await consumer.getmany(timeout_ms=200)
-            for tp, records in batches.items():
-                await _process(consumer, tp, records, handle)
+            if batches:
+                await _process(consumer, batches, handle)
     finally:
         sweeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -123,29 +125,31 @@ async def run_worker(
 
 async def _process(
     consumer: AIOKafkaConsumer,
-    tp: TopicPartition,
-    records: list[ConsumerRecord[Any, Any]],
+    batches: dict[TopicPartition, list[ConsumerRecord[Any, Any]]],
     handle: Any,
 ) -> None:
+    """Handle every fetched command concurrently, then commit all offsets at once."""
+    records = [r for rs in batches.values() for r in rs]
     results = await asyncio.gather(*(handle(r) for r in records), return_exceptions=True)
-    failed = [r for r, res in zip(records, results, strict=True) if isinstance(res, Exception)]
-    if not failed:
-        await consumer.commit({tp: OffsetAndMetadata(records[-1].offset + 1, "")})
-        return
-    # The database did not take some outcome: replay from the first failure (the
-    # ones after it that succeeded are dropped by their state when seen again).
-    first = min(r.offset for r in failed)
-    log.warning(
-        "%d command(s) on %s failed (%s); retrying from offset %d",
-        len(failed),
-        tp,
-        type(results[records.index(failed[0])]).__name__,
-        first,
-    )
-    if first > records[0].offset:
-        await consumer.commit({tp: OffsetAndMetadata(first, "")})
-    consumer.seek(tp, first)
-    await asyncio.sleep(1.0)
+    failed_at: dict[TopicPartition, int] = {}
+    for record, result in zip(records, results, strict=True):
+        if isinstance(result, BaseException):
+            tp = TopicPartition(record.topic, record.partition)
+            failed_at[tp] = min(failed_at.get(tp, record.offset), record.offset)
+            log.warning("command at %s@%d failed: %s", tp, record.offset, type(result).__name__)
+    offsets = {
+        tp: OffsetAndMetadata(failed_at.get(tp, rs[-1].offset + 1), "")
+        for tp, rs in batches.items()
+        if failed_at.get(tp, rs[-1].offset + 1) > rs[0].offset
+    }
+    if offsets:
+        await consumer.commit(offsets)
+    # The database did not take some outcome: replay each such partition from its first
+    # failure (the commands after it that did succeed are dropped by their state).
+    for tp, offset in failed_at.items():
+        consumer.seek(tp, offset)
+    if failed_at:
+        await asyncio.sleep(1.0)
 
 
 async def _sweep(
