@@ -39,12 +39,27 @@ class RetryPolicy(_Model):
 
 
 class ReconcilePolicy(_Model):
+    """How the reconciler settles a call whose outcome is unknown (see
+    :mod:`reconciler.policy` for the full decision table)."""
+
+    # Lookups (and compensations) before the call is escalated; each failed one waits
+    # initial_delay * 2**(n-1), at most max_delay, before the next.
     max_attempts: int = Field(default=10, ge=1)
     initial_delay_seconds: float = Field(default=1.0, gt=0)
     max_delay_seconds: float = Field(default=300.0, gt=0)
-    # How long the provider remembers idempotency keys; past it a re-send is unsafe.
+    # Escalate once this long has passed since the call was dispatched (None: no
+    # deadline, only max_attempts).
+    deadline_seconds: float | None = Field(default=None, gt=0)
+    # How long the provider remembers idempotency keys; past it a re-send is unsafe and
+    # a lookup by key proves nothing.
     idempotency_window_seconds: float = Field(default=86400.0, gt=0)
+    # The provider has no record of the request: send it again with the same key, or
+    # take the absence as the failure.
     on_not_found: Literal["redispatch", "confirm_failure"] = "redispatch"
+    # The provider says the request failed: take it as the failure (the usual meaning),
+    # or send it again with the same key (for providers whose failures are transient
+    # and whose keys allow a retry).
+    on_failed: Literal["confirm_failure", "redispatch"] = "confirm_failure"
     max_redispatches: int = Field(default=2, ge=0)
 
 
@@ -58,7 +73,13 @@ class Capability(_Model):
     policy_version: int = 1
     idempotency_key_template: str | None = None
     request: Endpoint
+    # GET the request by the provider's id; the URL holds ``{externalRequestId}``.
     status_lookup: Endpoint | None = None
+    # GET the request by its idempotency key, for a call whose response was lost before
+    # the provider's id was known; the URL holds ``{idempotencyKey}``. Optional: without
+    # it such a call can only be escalated.
+    lookup_by_key: Endpoint | None = None
+    # Undo a succeeded request; the URL holds ``{externalRequestId}``.
     compensation: Endpoint | None = None
     retry: RetryPolicy = RetryPolicy()
     reconcile: ReconcilePolicy = ReconcilePolicy()

@@ -77,6 +77,24 @@ class TransitionConflict(DispatcherError):
     retriable = True
 
 
+class EscalationNotFound(DispatcherError):
+    code, status, title = "escalation_not_found", 404, "Escalation not found"
+
+    def __init__(self, escalation_id: str) -> None:
+        super().__init__(f"no escalation {escalation_id!r}", escalationId=escalation_id)
+
+
+class EscalationAlreadyResolved(DispatcherError):
+    code, status, title = "escalation_already_resolved", 409, "Escalation already resolved"
+
+    def __init__(self, escalation_id: str, finding: str | None) -> None:
+        super().__init__(
+            f"escalation {escalation_id!r} was already resolved ({finding})",
+            escalationId=escalation_id,
+            finding=finding,
+        )
+
+
 class Unauthenticated(DispatcherError):
     code, status, title = "unauthenticated", 401, "Missing or invalid credentials"
 

@@ -36,6 +36,10 @@ class EventType(StrEnum):
     TOOL_CALL_REJECTED = "tool.call.rejected"
     TOOL_CALL_CANCELLED = "tool.call.cancelled"
     TOOL_CALL_REDISPATCHED = "tool.call.redispatched"
+    # Facts that do not change the execution status.
+    TOOL_CALL_RECONCILE_ATTEMPTED = "tool.call.reconcile_attempted"
+    TOOL_CALL_COMPENSATION_REQUESTED = "tool.call.compensation_requested"
+    TOOL_CALL_ESCALATION_ACKNOWLEDGED = "tool.call.escalation_acknowledged"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,10 @@ class CallContext:
 
 
 DEFAULT_EVENTS_TOPIC = "tool-dispatcher.events"
+
+
+_INSERT_EVENTS = insert(execution_events)
+_INSERT_OUTBOX = insert(outbox)
 
 
 def new_event_id() -> str:
@@ -143,6 +151,7 @@ async def record_events(
     the caller's transaction."""
     if not events:
         return
-    await session.execute(insert(execution_events).values(list(events)))
+    # A list of parameter sets, not .values(list): the compiled statement is cached.
+    await session.execute(_INSERT_EVENTS, list(events))
     if topic is not None:
-        await session.execute(insert(outbox).values([event_message(e, topic) for e in events]))
+        await session.execute(_INSERT_OUTBOX, [event_message(e, topic) for e in events])

@@ -51,6 +51,8 @@ class VerificationStatus(StrEnum):
 
 
 class ReconciliationStatus(StrEnum):
+    """Whether the reconciler still has to find out what happened."""
+
     NOT_NEEDED = "not_needed"
     PENDING = "pending"
     SETTLED = "settled"
@@ -66,7 +68,11 @@ TRANSITIONS: dict[ExecutionStatus, frozenset[ExecutionStatus]] = {
     S.AUTHORIZED: frozenset({S.DISPATCHING, S.CANCELLED}),
     # dispatching -> authorized: a read-only call whose worker died is run again.
     S.DISPATCHING: frozenset({S.ACCEPTED, S.COMPLETED, S.FAILED, S.RESULT_UNKNOWN, S.AUTHORIZED}),
-    S.ACCEPTED: frozenset({S.COMPLETED, S.FAILED, S.RESULT_UNKNOWN, S.CONFIRMED}),
+    # accepted -> escalated / compensated: a pending call the reconciler could not settle,
+    # or whose run was stopped while the provider was still working on it.
+    S.ACCEPTED: frozenset(
+        {S.COMPLETED, S.FAILED, S.RESULT_UNKNOWN, S.CONFIRMED, S.ESCALATED, S.COMPENSATED}
+    ),
     # completed -> compensated: the run was stopped while the effect was happening.
     S.COMPLETED: frozenset({S.COMPENSATED}),
     # result_unknown -> dispatching: the reconciler re-sends with the SAME key.

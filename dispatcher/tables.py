@@ -60,6 +60,10 @@ tool_calls = Table(
     Column("dispatch_attempts", Integer, nullable=False, server_default="0"),
     Column("reconcile_attempts", Integer, nullable=False, server_default="0"),
     Column("next_reconcile_at", DateTime(timezone=True)),
+    # Set when the call's effect must be undone if it happened (a stopped run, a
+    # cancelled call); the reconciler compensates instead of confirming. Issue 6 sets it
+    # through dispatcher.compensation.request_compensation.
+    Column("compensation_requested_at", DateTime(timezone=True)),
     Column("lease_owner", Text),
     Column("lease_expires_at", DateTime(timezone=True)),
     Column("version", Integer, nullable=False, server_default="1"),
@@ -83,10 +87,11 @@ tool_calls = Table(
         "lease_expires_at",
         postgresql_where=text("status = 'dispatching'"),
     ),
+    # Every call the reconciler follows up (result_unknown, and accepted-but-pending).
     Index(
-        "ix_tool_calls_unknown_due",
+        "ix_tool_calls_reconcile_due",
         "next_reconcile_at",
-        postgresql_where=text("status = 'result_unknown'"),
+        postgresql_where=text("reconciliation_status = 'pending'"),
     ),
 )
 
@@ -114,3 +119,34 @@ execution_events = Table(
 )
 
 outbox = outbox_table(metadata)
+
+ESCALATION_STATES = ("open", "acknowledged", "resolved")
+
+escalations = Table(
+    "escalations",
+    metadata,
+    Column("escalation_id", Text, primary_key=True),
+    Column("tool_call_id", Text, nullable=False),
+    Column("tenant", Text, nullable=False),
+    # 1 for the call's first escalation, 2 after an operator retry escalated again...
+    Column("episode", Integer, nullable=False),
+    Column("status", Text, nullable=False, server_default="open"),
+    Column("reason", Text, nullable=False),
+    Column("evidence", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("acknowledged_at", DateTime(timezone=True)),
+    Column("acknowledged_by", Text),
+    Column("resolved_at", DateTime(timezone=True)),
+    Column("resolved_by", Text),
+    Column("finding", Text),
+    Column("resolution_reason", Text),
+    # The exactly-once guarantee: one escalation (and so one published message) per
+    # episode of a call, whoever races to write it.
+    UniqueConstraint("tool_call_id", "episode", name="uq_escalations_call_episode"),
+    CheckConstraint("status IN ('open', 'acknowledged', 'resolved')", name="ck_escalations_status"),
+    CheckConstraint(
+        "finding IS NULL OR finding IN ('confirmed_success', 'confirmed_failure', 'compensated')",
+        name="ck_escalations_finding",
+    ),
+    Index("ix_escalations_tenant_status", "tenant", "status", "created_at"),
+)

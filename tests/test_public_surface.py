@@ -9,6 +9,7 @@ import pytest
 
 import dispatcher
 import outbox_relay
+import reconciler
 
 SURFACES = {
     "outbox_relay": [
@@ -23,6 +24,16 @@ SURFACES = {
         "retry_dead_letter",
         "run_once",
         "run_relay",
+    ],
+    "reconciler": [
+        "Decision",
+        "Observation",
+        "Reconciler",
+        "Situation",
+        "Tally",
+        "Verdict",
+        "backoff_seconds",
+        "decide",
     ],
     "dispatcher": [
         "Capability",
@@ -46,6 +57,10 @@ SURFACES = {
 
 def test_outbox_relay_surface() -> None:
     assert sorted(outbox_relay.__all__) == SURFACES["outbox_relay"]
+
+
+def test_reconciler_surface() -> None:
+    assert sorted(reconciler.__all__) == SURFACES["reconciler"]
 
 
 def test_dispatcher_surface() -> None:

@@ -38,6 +38,8 @@ EDGES: frozenset[tuple[ExecutionStatus, ExecutionStatus]] = frozenset(
         (S.ACCEPTED, S.FAILED),
         (S.ACCEPTED, S.RESULT_UNKNOWN),
         (S.ACCEPTED, S.CONFIRMED),
+        (S.ACCEPTED, S.ESCALATED),  # a pending call nobody could settle
+        (S.ACCEPTED, S.COMPENSATED),  # a pending call whose run was stopped
         (S.COMPLETED, S.COMPENSATED),
         (S.RESULT_UNKNOWN, S.CONFIRMED),
         (S.RESULT_UNKNOWN, S.COMPENSATED),

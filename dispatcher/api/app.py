@@ -17,6 +17,7 @@ from starlette.types import ASGIApp
 
 from dispatcher.api import problems
 from dispatcher.api.auth import ApiKeyAuth
+from dispatcher.api.escalations import add_escalation_routes
 from dispatcher.api.middleware import BodyLimit, RequestTiming
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db import create_engine, session_factory
@@ -64,6 +65,7 @@ def create_app(
 
     app = FastAPI(title="tool-dispatcher", version="0.1.0", lifespan=lifespan)
     problems.install(app)
+    add_escalation_routes(app, auth, lambda: state["sessions"], settings)
 
     @app.post("/v1/tool-calls", status_code=201)
     async def submit_tool_call(request: Request) -> Response:

@@ -1,0 +1,88 @@
+"""The escalation queue over HTTP: list (``read``), acknowledge and resolve
+(``operate``), tenant-scoped like every other route."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import FastAPI, Query, Request, Response
+from pydantic import ValidationError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dispatcher import escalations
+from dispatcher.api.auth import ApiKeyAuth, Principal
+from dispatcher.errors import ValidationFailed
+from dispatcher.escalations import Actor, EscalationStatus, ResolveRequest
+from dispatcher.settings import Settings
+
+JSON = "application/json"
+Sessions = Callable[[], async_sessionmaker[AsyncSession]]
+
+
+def _actor(principal: Principal) -> Actor:
+    return Actor(principal.name or "api-key", principal.tenant, "api")
+
+
+def add_escalation_routes(
+    app: FastAPI, auth: ApiKeyAuth, sessions: Sessions, settings: Settings
+) -> None:
+    """Add ``/v1/escalations`` routes; ``sessions`` returns the app's session factory
+    (it exists only once the lifespan started)."""
+
+    @app.get("/v1/escalations")
+    async def list_escalations(
+        request: Request,
+        status: Annotated[EscalationStatus | None, Query()] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> Response:
+        principal = auth.authenticate(request)
+        principal.require("read")
+        async with sessions()() as session:
+            found = await escalations.list_escalations(
+                session, tenant=principal.tenant, status=status, limit=limit
+            )
+        body = [e.model_dump(by_alias=True, mode="json") for e in found]
+        return Response(json.dumps({"escalations": body}), media_type=JSON)
+
+    @app.post("/v1/escalations/{escalation_id}/acknowledge")
+    async def acknowledge(escalation_id: str, request: Request) -> Response:
+        principal = auth.authenticate(request)
+        principal.require("operate")
+        async with sessions()() as session, session.begin():
+            view = await escalations.acknowledge(
+                session,
+                escalation_id,
+                actor=_actor(principal),
+                tenant=principal.tenant,
+                events_topic=settings.events_topic,
+            )
+        return Response(view.model_dump_json(by_alias=True), media_type=JSON)
+
+    @app.post("/v1/escalations/{escalation_id}/resolve")
+    async def resolve(escalation_id: str, request: Request) -> Response:
+        principal = auth.authenticate(request)
+        principal.require("operate")
+        try:
+            body = ResolveRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise ValidationFailed(
+                "the resolution is not valid",
+                errors=[
+                    {"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
+                    for e in exc.errors(include_url=False, include_input=False)
+                ],
+            ) from None
+        async with sessions()() as session, session.begin():
+            view = await escalations.resolve(
+                session,
+                escalation_id,
+                finding=body.finding,
+                reason=body.reason,
+                actor=_actor(principal),
+                tenant=principal.tenant,
+                events_topic=settings.events_topic,
+                escalations_topic=settings.escalations_topic,
+            )
+        return Response(view.model_dump_json(by_alias=True), media_type=JSON)

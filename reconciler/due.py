@@ -1,0 +1,137 @@
+"""Claiming the calls that are due for a look at the provider.
+
+A claim is one committed statement: the due candidates are locked with ``FOR UPDATE
+SKIP LOCKED`` (concurrent reconcilers each get other calls, none waits), and each is
+stamped with this reconciler's lease: ``lease_owner``, a bumped ``version`` and a
+``next_reconcile_at`` pushed to the lease's end, so no other reconciler sees it as
+due while the lookups run outside any transaction. Every settlement is fenced by that
+owner and version, so a reconciler that stalls past its lease (and whose calls were
+claimed again) records nothing. A reconciler that dies simply lets its calls fall due
+again when the lease ends.
+
+Candidates are chosen by ``next_reconcile_at``, not by tailing an id: a row whose
+commit lands late is still due on the next claim, so no commit-order gap can skip it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, extract, func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from dispatcher.states import ExecutionStatus as S
+from dispatcher.states import ReconciliationStatus
+from dispatcher.tables import tool_calls
+
+FOLLOWED_UP = (S.RESULT_UNKNOWN, S.ACCEPTED)
+"""Statuses the reconciler settles: unknown outcomes, and accepted-but-pending calls."""
+
+
+@dataclass(frozen=True, slots=True)
+class DueCall:
+    """A claimed call, with what the policy needs to decide about it."""
+
+    tool_call_id: str
+    tenant: str
+    capability_id: str
+    status: S
+    idempotency_key: str
+    external_request_id: str | None
+    version: int
+    reconcile_attempts: int
+    dispatch_attempts: int
+    age_seconds: float
+    compensation_requested: bool
+    last_error: str | None
+
+    @property
+    def redispatches(self) -> int:
+        """Re-sends so far: every dispatch after the first."""
+        return max(0, self.dispatch_attempts - 1)
+
+
+def _age() -> ColumnElement[Any]:
+    # From the first dispatch: the provider's idempotency window starts when it first
+    # saw the key, and a re-send keeps dispatched_at (see Executor.claim_in).
+    started = func.coalesce(tool_calls.c.dispatched_at, tool_calls.c.created_at)
+    return extract("epoch", func.now() - started)
+
+
+def due_condition(due_by: datetime | None = None) -> ColumnElement[bool]:
+    """Calls waiting for a lookup whose time has come (by ``due_by``, default now)."""
+    return (
+        (tool_calls.c.reconciliation_status == ReconciliationStatus.PENDING.value)
+        & tool_calls.c.status.in_([s.value for s in FOLLOWED_UP])
+        & (tool_calls.c.next_reconcile_at <= (due_by if due_by is not None else func.now()))
+    )
+
+
+async def claim_due(
+    session: AsyncSession,
+    *,
+    owner: str,
+    limit: int,
+    lease_seconds: float,
+    due_by: datetime | None = None,
+) -> list[DueCall]:
+    """Claim up to ``limit`` due calls for ``owner``, in the caller's transaction
+    (commit it before looking anything up)."""
+    candidates = (
+        select(tool_calls.c.tool_call_id)
+        .where(due_condition(due_by))
+        .order_by(tool_calls.c.next_reconcile_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("candidates")
+    )
+    lease_end = func.now() + timedelta(seconds=lease_seconds)
+    rows = await session.execute(
+        update(tool_calls)
+        .where(tool_calls.c.tool_call_id.in_(select(candidates.c.tool_call_id)))
+        .values(
+            lease_owner=owner,
+            lease_expires_at=lease_end,
+            next_reconcile_at=lease_end,
+            version=tool_calls.c.version + 1,
+        )
+        .returning(
+            tool_calls.c.tool_call_id,
+            tool_calls.c.tenant,
+            tool_calls.c.capability_id,
+            tool_calls.c.status,
+            tool_calls.c.idempotency_key,
+            tool_calls.c.external_request_id,
+            tool_calls.c.version,
+            tool_calls.c.reconcile_attempts,
+            tool_calls.c.dispatch_attempts,
+            _age().label("age_seconds"),
+            tool_calls.c.compensation_requested_at.is_not(None).label("compensation_requested"),
+            tool_calls.c.last_error,
+        )
+    )
+    return [
+        DueCall(
+            tool_call_id=r.tool_call_id,
+            tenant=r.tenant,
+            capability_id=r.capability_id,
+            status=S(r.status),
+            idempotency_key=r.idempotency_key,
+            external_request_id=r.external_request_id,
+            version=r.version,
+            reconcile_attempts=r.reconcile_attempts,
+            dispatch_attempts=r.dispatch_attempts,
+            age_seconds=float(r.age_seconds),
+            compensation_requested=bool(r.compensation_requested),
+            last_error=r.last_error,
+        )
+        for r in rows
+    ]
+
+
+async def database_now(session: AsyncSession) -> datetime:
+    """The database's clock: what "due" is measured against."""
+    now: datetime = (await session.execute(select(func.now()))).scalar_one()
+    return now

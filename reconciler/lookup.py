@@ -1,0 +1,226 @@
+"""Asking the provider what became of a request, and asking it to undo one.
+
+Lookups are reads, so any transport error simply means "no answer yet". A
+compensation is an effect of its own: it is sent with its own stable key,
+``compensate:<idempotencyKey>``, so repeating it after a lost answer undoes the
+effect once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from dispatcher.capabilities import Capability, Endpoint
+from reconciler.policy import Observation
+
+_SUCCEEDED = {"succeeded", "completed", "success", "ok"}
+_FAILED = {"failed", "failure", "error", "declined"}
+_PENDING = {"pending", "accepted", "processing", "in_progress", "queued"}
+_PARTIAL = {"partial", "partially_succeeded", "partially_applied"}
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One lookup's result, kept as evidence."""
+
+    observation: Observation
+    via: str
+    """``externalRequestId``, ``idempotencyKey`` or ``none``."""
+    http_status: int | None = None
+    external_request_id: str | None = None
+    result: Any = None
+    reversed: bool = False
+    error: str | None = None
+
+    def evidence(self) -> dict[str, Any]:
+        return {
+            "observation": self.observation.value,
+            "via": self.via,
+            "httpStatus": self.http_status,
+            "externalRequestId": self.external_request_id,
+            "reversed": self.reversed,
+            "error": self.error,
+        }
+
+
+class Reversal(StrEnum):
+    DONE = "done"
+    """The provider undid the effect (or had already)."""
+    REFUSED = "refused"
+    """The provider answered that it cannot undo it."""
+    UNKNOWN = "unknown"
+    """No definitive answer: ask again later with the same key."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompensationAnswer:
+    outcome: Reversal
+    http_status: int | None = None
+    body: Any = None
+    error: str | None = None
+
+    def evidence(self) -> dict[str, Any]:
+        return {
+            "compensation": self.outcome.value,
+            "httpStatus": self.http_status,
+            "error": self.error,
+        }
+
+
+def remember_missing_sniffio() -> None:
+    """Make httpcore's per-request ``import sniffio`` cheap when sniffio is absent.
+
+    httpcore imports sniffio each time it creates a lock (several times per request);
+    anyio 4 no longer installs it, and a failed import searches ``sys.path`` again
+    every time: measured at about two thirds of the client's CPU per lookup. Recording
+    the absence in ``sys.modules`` makes the failed import instant. Does nothing when
+    sniffio is installed."""
+    if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
+        sys.modules["sniffio"] = None  # type: ignore[assignment]
+
+
+def compensation_key(idempotency_key: str) -> str:
+    """The compensation's own stable idempotency key."""
+    return f"compensate:{idempotency_key}"
+
+
+def lookup_urls(capability: Capability, external_request_id: str | None, key: str) -> list[str]:
+    """The lookups an operator can run by hand (for the escalation's evidence)."""
+    urls = []
+    if external_request_id and capability.status_lookup:
+        urls.append(_fill(capability.status_lookup, "externalRequestId", external_request_id))
+    if capability.lookup_by_key:
+        urls.append(_fill(capability.lookup_by_key, "idempotencyKey", key))
+    return urls
+
+
+class ProviderLookup:
+    """Lookups and compensations over one pooled ``httpx.AsyncClient``; ``secrets``
+    maps a capability id to its credential, sent as ``Authorization: Bearer``."""
+
+    def __init__(self, http: httpx.AsyncClient, secrets: Mapping[str, str] | None = None) -> None:
+        self._http = http
+        self._secrets = dict(secrets or {})
+
+    async def look_up(
+        self,
+        capability: Capability,
+        *,
+        external_request_id: str | None,
+        idempotency_key: str,
+        key_still_remembered: bool,
+    ) -> Answer:
+        """By the provider's id when known, else by idempotency key, but only while the
+        provider still remembers keys: past that, "no record" would prove nothing."""
+        if external_request_id and capability.status_lookup:
+            endpoint, via = capability.status_lookup, "externalRequestId"
+            url = _fill(endpoint, "externalRequestId", external_request_id)
+        elif capability.lookup_by_key and key_still_remembered:
+            endpoint, via = capability.lookup_by_key, "idempotencyKey"
+            url = _fill(endpoint, "idempotencyKey", idempotency_key)
+        else:
+            why = (
+                "no provider id, and the idempotency window has passed"
+                if capability.lookup_by_key
+                else "no provider id, and the capability has no lookup by key"
+            )
+            return Answer(Observation.UNKNOWABLE, "none", error=why)
+        try:
+            response = await self._http.request(
+                endpoint.method,
+                url,
+                headers=self._headers(capability),
+                timeout=endpoint.timeout_seconds,
+            )
+        except httpx.HTTPError as exc:
+            return Answer(Observation.LOOKUP_FAILED, via, error=f"lookup: {type(exc).__name__}")
+        return _classify(response, via)
+
+    async def compensate(
+        self, capability: Capability, *, external_request_id: str, idempotency_key: str
+    ) -> CompensationAnswer:
+        """Ask the provider to undo a succeeded request."""
+        endpoint = capability.compensation
+        if endpoint is None:
+            return CompensationAnswer(Reversal.REFUSED, error="no compensation endpoint")
+        headers = {
+            **self._headers(capability),
+            "Idempotency-Key": compensation_key(idempotency_key),
+        }
+        try:
+            response = await self._http.request(
+                endpoint.method,
+                _fill(endpoint, "externalRequestId", external_request_id),
+                headers=headers,
+                json={"idempotencyKey": idempotency_key},
+                timeout=endpoint.timeout_seconds,
+            )
+        except httpx.HTTPError as exc:
+            return CompensationAnswer(Reversal.UNKNOWN, error=f"compensation: {type(exc).__name__}")
+        status, body = response.status_code, _body(response)
+        if 200 <= status < 300:
+            return CompensationAnswer(Reversal.DONE, status, body)
+        code = body.get("code") if isinstance(body, dict) else None
+        error = f"compensation: HTTP {status} {code or ''}".strip()
+        if status in (408, 429) or status >= 500:
+            return CompensationAnswer(Reversal.UNKNOWN, status, body, error)
+        return CompensationAnswer(Reversal.REFUSED, status, body, error)
+
+    def _headers(self, capability: Capability) -> dict[str, str]:
+        secret = self._secrets.get(capability.id)
+        return {"Authorization": f"Bearer {secret}"} if secret else {}
+
+
+def _fill(endpoint: Endpoint, name: str, value: str) -> str:
+    return endpoint.url.replace("{" + name + "}", quote(value, safe=""))
+
+
+def _body(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def _classify(response: httpx.Response, via: str) -> Answer:
+    status = response.status_code
+    if status == 404:
+        return Answer(Observation.NOT_FOUND, via, status)
+    if status != 200:
+        return Answer(Observation.LOOKUP_FAILED, via, status, error=f"lookup: HTTP {status}")
+    body = _body(response)
+    if not isinstance(body, dict):
+        return Answer(Observation.UNREADABLE, via, status, error="lookup: body is not an object")
+    ext = body.get("externalRequestId") or body.get("id")
+    state = str(body.get("status", "")).lower()
+    observation = (
+        Observation.SUCCEEDED
+        if state in _SUCCEEDED
+        else Observation.FAILED
+        if state in _FAILED
+        else Observation.PENDING
+        if state in _PENDING
+        else Observation.PARTIAL
+        if state in _PARTIAL
+        else Observation.UNREADABLE
+    )
+    return Answer(
+        observation,
+        via,
+        status,
+        str(ext) if ext is not None else None,
+        body.get("result"),
+        body.get("reversed") is True,
+        error=f"lookup: unknown status {state!r}"
+        if observation is Observation.UNREADABLE
+        else None,
+    )

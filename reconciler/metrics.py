@@ -1,0 +1,58 @@
+"""Prometheus metrics of the reconciler (default registry).
+
+Outcome and lookup-error counters move as calls are settled; the gauges are read from
+the database after every pass, so they describe the whole backlog rather than what
+this one process saw.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dispatcher.states import ReconciliationStatus
+from dispatcher.tables import escalations, tool_calls
+
+UNKNOWN_BACKLOG = Gauge(
+    "tool_dispatcher_reconciler_unknown_backlog",
+    "Calls whose outcome the reconciler still has to establish",
+)
+OLDEST_UNKNOWN_AGE = Gauge(
+    "tool_dispatcher_reconciler_oldest_unknown_age_seconds",
+    "Seconds since the oldest call still in doubt was dispatched (0 when none)",
+)
+OUTCOMES = Counter(
+    "tool_dispatcher_reconciler_outcomes_total",
+    "Looks at calls in doubt, by outcome class",
+    ["outcome"],
+)
+LOOKUP_ERRORS = Counter(
+    "tool_dispatcher_reconciler_lookup_errors_total",
+    "Provider lookups that got no answer (timeout, connection error, 5xx), by capability",
+    ["capability"],
+)
+OPEN_ESCALATIONS = Gauge(
+    "tool_dispatcher_reconciler_open_escalations",
+    "Escalations not yet resolved (open or acknowledged)",
+)
+
+
+async def refresh(sessions: async_sessionmaker[AsyncSession]) -> None:
+    """Set the gauges from the database (two index-backed aggregate queries)."""
+    started = func.coalesce(tool_calls.c.dispatched_at, tool_calls.c.created_at)
+    async with sessions() as session:
+        backlog, oldest = (
+            await session.execute(
+                select(
+                    func.count(),
+                    func.coalesce(func.extract("epoch", func.now() - func.min(started)), 0),
+                ).where(tool_calls.c.reconciliation_status == ReconciliationStatus.PENDING.value)
+            )
+        ).one()
+        open_count = (
+            await session.execute(select(func.count()).where(escalations.c.status != "resolved"))
+        ).scalar_one()
+    UNKNOWN_BACKLOG.set(backlog)
+    OLDEST_UNKNOWN_AGE.set(float(oldest))
+    OPEN_ESCALATIONS.set(open_count)

@@ -1,0 +1,141 @@
+"""`tool-dispatcher reconcile --once` as the cron job runs it: a real subprocess, a
+capabilities file pointing at the in-test sandbox, overlapping runs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dispatcher.sandbox import SandboxServer
+from dispatcher.tables import escalations, tool_calls
+from tests.dispatch_support import add_fault, books
+from tests.reconcile_support import create_at_sandbox, insert_unknown_calls
+from tests.test_cli import REPO, run_cli
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[SandboxServer]:
+    async with SandboxServer() as server:
+        yield server
+
+
+def capabilities_file(tmp_path: Path, base: str) -> Path:
+    path = tmp_path / "capabilities.toml"
+    path.write_text(
+        f"""
+[[capability]]
+id = "refund"
+sideEffects = true
+request = {{ method = "POST", url = "{base}/v1/requests", timeoutSeconds = 2 }}
+reconcile = {{ maxAttempts = 1, initialDelaySeconds = 0.01 }}
+
+[capability.statusLookup]
+method = "GET"
+url = "{base}/v1/requests/{{externalRequestId}}"
+timeoutSeconds = 0.3
+
+[capability.lookupByKey]
+method = "GET"
+url = "{base}/v1/requests?idempotencyKey={{idempotencyKey}}"
+timeoutSeconds = 0.3
+"""
+    )
+    return path
+
+
+async def cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """``python -m dispatcher.cli`` without blocking the loop the sandbox runs on."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TOOL_DISPATCHER_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "dispatcher.cli",
+        *args,
+        env={**clean, **env},
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_cron_runs_settle_what_is_due_and_escalate_exactly_once(
+    sessions: async_sessionmaker[AsyncSession],
+    sandbox: SandboxServer,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    found = ["k-ok-1", "k-ok-2"]
+    await create_at_sandbox(sandbox.url, found)
+    ok = await insert_unknown_calls(sessions, found, "refund")
+    [stuck] = await insert_unknown_calls(sessions, ["k-stuck"], "refund")
+    await add_fault(sandbox.url, {"kind": "timeout", "idempotencyKey": "k-stuck"})
+    env = {
+        "TOOL_DISPATCHER_DATABASE_URL": database_url,
+        "TOOL_DISPATCHER_CAPABILITIES_FILE": str(capabilities_file(tmp_path, sandbox.url)),
+    }
+
+    # Five overlapping cron runs.
+    results = await asyncio.gather(*(cli(env, "reconcile", "--once") for _ in range(5)))
+
+    assert [code for code, _, _ in results] == [0] * 5, results
+    totals: dict[str, int] = {}
+    for _, out, _ in results:
+        lines = out.splitlines()
+        assert [line.split(":")[0] for line in lines] == [
+            "confirmed_success",
+            "confirmed_failure",
+            "compensated",
+            "redispatched",
+            "retry_later",
+            "escalated",
+            "taken_over",
+        ]
+        for line in lines:
+            name, _, n = line.partition(": ")
+            totals[name] = totals.get(name, 0) + int(n)
+    assert totals["confirmed_success"] == 2
+    assert totals["escalated"] == 1
+    assert sum(totals.values()) == 3
+    async with sessions() as session:
+        statuses = {
+            r.tool_call_id: r.status
+            for r in await session.execute(select(tool_calls.c.tool_call_id, tool_calls.c.status))
+        }
+        records = (await session.execute(select(escalations.c.tool_call_id))).all()
+    assert statuses == {ok[0]: "confirmed", ok[1]: "confirmed", stuck: "escalated"}
+    assert [r.tool_call_id for r in records] == [stuck]
+    assert (await books(sandbox.url))["effects"] == {"k-ok-1": 1, "k-ok-2": 1}
+
+    # Nothing is due any more: a later run does nothing and still exits 0.
+    code, out, _ = await cli(env, "reconcile", "--once")
+    assert code == 0 and "escalated: 0" in out
+
+
+def test_an_unreachable_database_exits_1() -> None:
+    result = run_cli(
+        "reconcile",
+        "--once",
+        TOOL_DISPATCHER_DATABASE_URL="postgresql://nobody@127.0.0.1:1/none",
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "tool-dispatcher: error: cannot reach the database: OperationalError"
+    ]
+
+
+def test_without_a_database_setting_exits_2() -> None:
+    result = run_cli("reconcile", "--once")
+    assert result.returncode == 2
+    assert "TOOL_DISPATCHER_DATABASE_URL" in result.stderr

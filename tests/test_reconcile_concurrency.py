@@ -1,0 +1,85 @@
+"""Reconcilers side by side never work the same call twice."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.sandbox import SandboxServer
+from dispatcher.tables import execution_events, tool_calls
+from reconciler import Tally
+from reconciler.loop import reconcile_once
+from tests.dispatch_support import books, registry_of
+from tests.reconcile_support import (
+    create_at_sandbox,
+    insert_unknown_calls,
+    new_reconciler,
+    reconcile_capability,
+)
+
+pytestmark = pytest.mark.postgres
+CALLS = 1000
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[SandboxServer]:
+    async with SandboxServer() as server:
+        yield server
+
+
+@pytest.fixture
+def registry(sandbox: SandboxServer) -> CapabilityRegistry:
+    return registry_of(reconcile_capability("refund", sandbox.url))
+
+
+async def test_two_reconcilers_over_1000_calls_settle_each_exactly_once(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+) -> None:
+    keys = [f"k-{i}" for i in range(CALLS)]
+    # Half were answered with a provider id before the response was lost, half not:
+    # both lookups (by id and by key) are exercised.
+    external = await create_at_sandbox(sandbox.url, keys)
+    ids = await insert_unknown_calls(
+        sessions, keys, "refund", external_ids={k: external[k] for k in keys[::2]}
+    )
+    limits = httpx.Limits(max_connections=64)
+    async with httpx.AsyncClient(limits=limits) as a, httpx.AsyncClient(limits=limits) as b:
+        reconcilers = [
+            new_reconciler(sessions, registry, a, batch_size=50),
+            new_reconciler(sessions, registry, b, batch_size=50),
+        ]
+        tally = Tally()
+        for _ in range(3):  # until neither finds anything due
+            tally.merge(await reconcile_once(reconcilers))
+
+    assert tally.counts == {"confirmed_success": CALLS}
+    async with sessions() as session:
+        events = Counter(
+            r.tool_call_id
+            for r in await session.execute(
+                select(execution_events.c.tool_call_id).where(
+                    execution_events.c.event_type == "tool.call.confirmed"
+                )
+            )
+        )
+        statuses = Counter(r.status for r in await session.execute(select(tool_calls.c.status)))
+        producers = Counter(
+            r.payload["decision"]
+            for r in await session.execute(
+                select(execution_events.c.payload).where(
+                    execution_events.c.event_type == "tool.call.confirmed"
+                )
+            )
+        )
+    assert events == dict.fromkeys(ids, 1)
+    assert statuses == {"confirmed": CALLS}
+    assert producers == {"confirm_success": CALLS}
+    assert sum((await books(sandbox.url))["effects"].values()) == CALLS

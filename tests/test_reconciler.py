@@ -1,0 +1,424 @@
+"""The reconciler against the real sandbox provider and real PostgreSQL: each way a
+call in doubt gets settled, and the ways it gets handed to a person exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from prometheus_client import REGISTRY
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.compensation import request_compensation
+from dispatcher.events import DEFAULT_EVENTS_TOPIC
+from dispatcher.execution import Executor
+from dispatcher.intake import DEFAULT_DISPATCH_TOPIC
+from dispatcher.provider import ProviderClient
+from dispatcher.recovery import recover_expired
+from dispatcher.sandbox import SandboxServer
+from reconciler import metrics
+from tests.dispatch_support import add_fault, books, call_row, registry_of, submit_call
+from tests.reconcile_support import (
+    age_calls,
+    escalation_messages,
+    escalation_rows,
+    events_of,
+    make_due,
+    new_reconciler,
+    reconcile_capability,
+    unknown_call,
+    until_settled,
+)
+from tests.test_recovery import expire_leases
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[SandboxServer]:
+    async with SandboxServer() as server:
+        yield server
+
+
+@pytest.fixture
+def registry(sandbox: SandboxServer) -> CapabilityRegistry:
+    url = sandbox.url
+    return registry_of(
+        reconcile_capability("refund", url),
+        reconcile_capability("refund-no-resend", url, onNotFound="confirm_failure"),
+        reconcile_capability("refund-slow-lookup", url, lookup_timeout=0.2, maxAttempts=3),
+        reconcile_capability("refund-short-window", url, idempotencyWindowSeconds=60),
+    )
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as client:
+        yield client
+
+
+async def test_dropped_response_is_confirmed_from_the_provider(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+) -> None:
+    call = await unknown_call(
+        sessions, registry, http, sandbox.url, "refund", "k-drop", {"kind": "drop_after_apply"}
+    )
+    assert (await call_row(sessions, call))["external_request_id"] is None
+
+    tally = await new_reconciler(sessions, registry, http).run_pass()
+
+    assert tally.counts == {"confirmed_success": 1}
+    row = await call_row(sessions, call)
+    assert row["status"] == "confirmed"
+    assert row["verification_status"] == "confirmed_success"
+    assert row["reconciliation_status"] == "settled"
+    assert row["result"] == {"echo": {"n": 1}}
+    assert row["external_request_id"].startswith("req_")  # found by key
+    assert row["lease_owner"] is None and row["next_reconcile_at"] is None
+    confirmed = [
+        e for e in await events_of(sessions, call) if e["event_type"].endswith("confirmed")
+    ]
+    assert len(confirmed) == 1
+    assert confirmed[0]["payload"]["lookup"]["via"] == "idempotencyKey"
+    assert (await books(sandbox.url))["effects"] == {"k-drop": 1}
+
+
+async def test_a_request_that_never_arrived_is_sent_again_with_the_same_key(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+) -> None:
+    call = await unknown_call(
+        sessions, registry, http, sandbox.url, "refund", "k-lost", {"kind": "drop_before_apply"}
+    )
+    assert (await books(sandbox.url))["effects"] == {}
+
+    tally = await until_settled(new_reconciler(sessions, registry, http))
+
+    assert tally.counts == {"redispatched": 1}
+    row = await call_row(sessions, call)
+    assert (row["status"], row["verification_status"]) == ("confirmed", "confirmed_success")
+    assert row["reconciliation_status"] == "settled"
+    assert row["dispatch_attempts"] == 2
+    types = [e["event_type"] for e in await events_of(sessions, call)]
+    assert types[-4:] == [
+        "tool.call.result_unknown",
+        "tool.call.redispatched",
+        "tool.call.accepted",
+        "tool.call.confirmed",
+    ]
+    counts = await books(sandbox.url)
+    assert counts["effects"] == {"k-lost": 1}
+    # The lost POST, one lookup by key (404), the re-sent POST.
+    assert counts["received"] == {"k-lost": 3}
+
+
+async def test_a_call_marked_unknown_before_it_was_sent_is_sent_once(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+) -> None:
+    call = await submit_call(sessions, registry, "refund", {"n": 7}, key="k-died")
+    executor = Executor(
+        sessions, registry, ProviderClient(http), worker_id="w-dead", events_topic="events"
+    )
+    assert await executor.claim(call) is not None  # the worker dies before sending
+    await expire_leases(sessions)
+    report = await recover_expired(
+        sessions, registry, dispatch_topic=DEFAULT_DISPATCH_TOPIC, events_topic="events"
+    )
+    assert report.marked_unknown == [call]
+
+    await until_settled(new_reconciler(sessions, registry, http))
+
+    assert (await call_row(sessions, call))["status"] == "confirmed"
+    assert (await books(sandbox.url))["effects"] == {"k-died": 1}
+
+
+async def test_no_record_under_confirm_failure_policy_is_a_confirmed_failure(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+) -> None:
+    call = await unknown_call(
+        sessions,
+        registry,
+        http,
+        sandbox.url,
+        "refund-no-resend",
+        "k-none",
+        {"kind": "drop_before_apply"},
+    )
+    assert (await new_reconciler(sessions, registry, http).run_pass()).counts == {
+        "confirmed_failure": 1
+    }
+    row = await call_row(sessions, call)
+    assert (row["status"], row["verification_status"]) == ("confirmed", "confirmed_failure")
+    assert (await books(sandbox.url))["received"] == {"k-none": 2}  # POST + lookup: no re-send
+
+
+async def test_provider_failure_is_a_confirmed_failure(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+) -> None:
+    call = await unknown_call(
+        sessions,
+        registry,
+        http,
+        sandbox.url,
+        "refund",
+        "k-fail",
+        {"kind": "drop_after_apply"},
+        {"simulate": "fail"},
+    )
+    assert (await new_reconciler(sessions, registry, http).run_pass()).counts == {
+        "confirmed_failure": 1
+    }
+    row = await call_row(sessions, call)
+    assert (row["status"], row["verification_status"]) == ("confirmed", "confirmed_failure")
+    assert "failed" in row["last_error"] or "failure" in row["last_error"]
+    assert (await books(sandbox.url))["effects"] == {}
+
+
+async def test_accepted_pending_call_is_confirmed_once_the_provider_finishes(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+) -> None:
+    call = await submit_call(
+        sessions, registry, "refund", {"simulate": "pending", "pendingLookups": 2}, key="k-pend"
+    )
+    executor = Executor(
+        sessions, registry, ProviderClient(http), worker_id="w", events_topic="events"
+    )
+    assert (await executor.execute(call)).value == "accepted"  # type: ignore[union-attr]
+    await make_due(sessions)
+
+    tally = await until_settled(new_reconciler(sessions, registry, http))
+
+    assert tally.counts == {"retry_later": 2, "confirmed_success": 1}
+    row = await call_row(sessions, call)
+    assert (row["status"], row["verification_status"]) == ("confirmed", "confirmed_success")
+    assert row["reconcile_attempts"] == 3
+    attempts = [
+        e["payload"]
+        for e in await events_of(sessions, call)
+        if e["event_type"] == "tool.call.reconcile_attempted"
+    ]
+    assert [a["lookup"]["observation"] for a in attempts] == ["pending", "pending"]
+    # Backoff grows per the capability's policy: 0.01 s, then 0.02 s.
+    assert [a["nextInSeconds"] for a in attempts] == [0.01, 0.02]
+    assert (await books(sandbox.url))["effects"] == {"k-pend": 1}
+
+
+async def test_compensation_requested_while_unknown_undoes_the_effect_once(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+) -> None:
+    call = await unknown_call(
+        sessions, registry, http, sandbox.url, "refund", "k-stop", {"kind": "drop_after_apply"}
+    )
+    async with sessions() as session, session.begin():
+        assert await request_compensation(session, call, reason="run stopped", producer="test")
+        assert not await request_compensation(session, call, reason="again", producer="test")
+    # The first compensation's answer is lost: the next pass sends it again (same key).
+    await add_fault(
+        sandbox.url,
+        {"kind": "drop_after_apply", "pathPrefix": "/v1/requests/", "method": "POST", "times": 1},
+    )
+
+    tally = await until_settled(new_reconciler(sessions, registry, http))
+
+    assert tally.counts == {"retry_later": 1, "compensated": 1}
+    row = await call_row(sessions, call)
+    assert row["status"] == "compensated"
+    assert row["result"]["reversal"]["reversalKey"] == "compensate:k-stop"
+    counts = await books(sandbox.url)
+    assert counts["effects"] == {"k-stop": 1}
+    assert counts["reversals"] == {"k-stop": 1}
+    types = [e["event_type"] for e in await events_of(sessions, call)]
+    assert "tool.call.compensation_requested" in types
+    assert types[-1] == "tool.call.compensated"
+
+
+async def test_lookups_timing_out_escalate_exactly_once_under_five_overlapping_passes(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+) -> None:
+    calls = [
+        await unknown_call(
+            sessions,
+            registry,
+            http,
+            sandbox.url,
+            "refund-slow-lookup",
+            f"k-slow-{i}",
+            {"kind": "drop_after_apply"},
+        )
+        for i in range(4)
+    ]
+    await add_fault(sandbox.url, {"kind": "timeout", "method": "GET", "keyPrefix": "k-slow-"})
+    reconcilers = [new_reconciler(sessions, registry, http, batch_size=2) for _ in range(5)]
+
+    for _ in range(4):  # maxAttempts = 3: the third failed lookup escalates
+        await asyncio.gather(*(r.run_pass() for r in reconcilers))
+        await make_due(sessions)
+
+    for call in calls:
+        row = await call_row(sessions, call)
+        assert (row["status"], row["verification_status"]) == ("escalated", "inconclusive")
+        assert row["reconciliation_status"] == "escalated"
+        assert row["reconcile_attempts"] == 3
+        escalated = [
+            e for e in await events_of(sessions, call) if e["event_type"] == "tool.call.escalated"
+        ]
+        assert len(escalated) == 1
+    records = await escalation_rows(sessions)
+    assert sorted(r["tool_call_id"] for r in records) == sorted(calls)
+    assert {r["episode"] for r in records} == {1}
+    messages = await escalation_messages(sessions)
+    assert sorted(m["key"] for m in messages) == sorted(calls)
+    assert {m["headers"]["ce_id"] for m in messages} == {r["escalation_id"] for r in records}
+
+    evidence = records[0]["evidence"]
+    assert evidence["call"]["input"] == {"n": 1}
+    assert evidence["call"]["idempotencyKey"].startswith("k-slow-")
+    assert "ReadTimeout" in evidence["lastError"]
+    attempts = [h for h in evidence["history"] if h["eventType"] == "tool.call.reconcile_attempted"]
+    assert [a["payload"]["lookup"]["observation"] for a in attempts] == ["lookup_failed"] * 2
+    assert evidence["lastAnswer"]["error"] == "lookup: ReadTimeout"
+    assert any(line.startswith("GET http") for line in evidence["providerLookup"])
+    esc_id = records[0]["escalation_id"]
+    assert f"tool-dispatcher escalations ack {esc_id}" in evidence["commands"]["cli"]
+    assert f"POST /v1/escalations/{esc_id}/acknowledge" in evidence["commands"]["http"]
+
+    assert (
+        REGISTRY.get_sample_value(
+            "tool_dispatcher_reconciler_lookup_errors_total", {"capability": "refund-slow-lookup"}
+        )
+        >= 12
+    )  # type: ignore[operator]
+    await metrics.refresh(sessions)
+    assert REGISTRY.get_sample_value("tool_dispatcher_reconciler_open_escalations") == 4
+    assert REGISTRY.get_sample_value("tool_dispatcher_reconciler_unknown_backlog") == 0
+
+
+async def test_past_the_idempotency_window_it_escalates_without_sending_anything(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+) -> None:
+    call = await unknown_call(
+        sessions,
+        registry,
+        http,
+        sandbox.url,
+        "refund-short-window",
+        "k-old",
+        {"kind": "drop_before_apply"},
+    )
+    await age_calls(sessions, 120)  # dispatched two minutes ago; the window is one
+    before = await books(sandbox.url)
+
+    tally = await new_reconciler(sessions, registry, http).run_pass()
+
+    assert tally.counts == {"escalated": 1}
+    row = await call_row(sessions, call)
+    assert (row["status"], row["verification_status"]) == ("escalated", "inconclusive")
+    assert await books(sandbox.url) == before  # not even a lookup by the forgotten key
+    [record] = await escalation_rows(sessions)
+    assert "idempotency window" in record["evidence"]["lastAnswer"]["error"]
+
+
+async def test_metrics_report_the_backlog_and_its_oldest_call(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+) -> None:
+    await unknown_call(
+        sessions, registry, http, sandbox.url, "refund", "k-m", {"kind": "drop_after_apply"}
+    )
+    await age_calls(sessions, 30)
+    await metrics.refresh(sessions)
+    assert REGISTRY.get_sample_value("tool_dispatcher_reconciler_unknown_backlog") == 1
+    oldest = REGISTRY.get_sample_value("tool_dispatcher_reconciler_oldest_unknown_age_seconds")
+    assert oldest is not None and 29 < oldest < 60
+    before = REGISTRY.get_sample_value(
+        "tool_dispatcher_reconciler_outcomes_total", {"outcome": "confirmed_success"}
+    )
+
+    await new_reconciler(sessions, registry, http).run_pass()
+
+    await metrics.refresh(sessions)
+    assert REGISTRY.get_sample_value("tool_dispatcher_reconciler_unknown_backlog") == 0
+    assert REGISTRY.get_sample_value("tool_dispatcher_reconciler_oldest_unknown_age_seconds") == 0
+    after = REGISTRY.get_sample_value(
+        "tool_dispatcher_reconciler_outcomes_total", {"outcome": "confirmed_success"}
+    )
+    assert (after or 0) - (before or 0) == 1
+
+
+async def test_a_reconciler_whose_claim_was_taken_over_records_nothing(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+) -> None:
+    call = await unknown_call(
+        sessions, registry, http, sandbox.url, "refund", "k-stall", {"kind": "drop_after_apply"}
+    )
+    slow = new_reconciler(sessions, registry, http, lease_seconds=0.01)
+    fast = new_reconciler(sessions, registry, http)
+    # The slow one's lookup is held until its lease has long ended and the fast one has
+    # claimed and settled the call.
+    await add_fault(sandbox.url, {"kind": "latency", "latencyMs": 400, "method": "GET", "times": 1})
+    slow_pass = asyncio.create_task(slow.run_pass())
+    await asyncio.sleep(0.15)
+    fast_tally = await fast.run_pass()
+    slow_tally = await slow_pass
+
+    assert fast_tally.counts == {"confirmed_success": 1}
+    assert slow_tally.counts == {"taken_over": 1}
+    confirmed = [
+        e for e in await events_of(sessions, call) if e["event_type"].endswith("confirmed")
+    ]
+    assert len(confirmed) == 1
+
+
+async def test_the_events_of_a_settlement_are_published_through_the_outbox(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+) -> None:
+    call = await unknown_call(
+        sessions, registry, http, sandbox.url, "refund", "k-pub", {"kind": "drop_after_apply"}
+    )
+    await new_reconciler(sessions, registry, http).run_pass()
+    from tests.dispatch_support import outbox_rows
+
+    published = [
+        r["payload"]
+        for r in await outbox_rows(sessions, DEFAULT_EVENTS_TOPIC)
+        if r["payload"]["toolCallId"] == call
+    ]
+    assert published[-1]["eventType"] == "tool.call.confirmed"
+    assert published[-1]["producer"] == "tool-dispatcher.reconciler"
