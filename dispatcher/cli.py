@@ -66,7 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # The demo's story is its output; the services' own logging would drown it.
+    quiet = args.command in ("demo", "api-key")
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     if args.command == "sandbox":
         return sandbox_command.run(args)
     try:
@@ -125,19 +130,11 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
         return asyncio.run(_until_signal(lambda stop: run_worker(settings, registry, stop)))
     if args.command == "relay":
+        from dispatcher.services import relay_config
+
         config = relay_config(settings)
         return asyncio.run(_until_signal(lambda stop: outbox_relay.run_relay(config, stop)))
     raise AssertionError(args.command)
-
-
-def relay_config(settings: Settings) -> outbox_relay.RelayConfig:
-    if settings.database_url is None or settings.kafka_bootstrap is None:
-        raise ValueError("the relay needs a database and a Kafka bootstrap")
-    return outbox_relay.RelayConfig(
-        database_url=settings.database_url,
-        kafka_bootstrap=settings.kafka_bootstrap,
-        enable_idempotence=settings.kafka_enable_idempotence,
-    )
 
 
 async def _outbox(args: argparse.Namespace, database_url: str) -> int:
@@ -193,21 +190,39 @@ async def _recover_once(settings: Settings, registry: CapabilityRegistry) -> int
 
 
 async def _up(settings: Settings, registry: CapabilityRegistry) -> int:
-    from dispatcher.serving import api_server
+    from dispatcher.sandbox import SandboxServer
+    from dispatcher.services import all_services
     from dispatcher.stack import local_stack
 
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     async with local_stack(settings) as stack:
         s = stack.settings
-        print("tool-dispatcher is up")
-        for line in stack.started:
-            print(f"  {line}")
-        print(f"  database              {s.database_url}")
-        print(f"  kafka                 {s.kafka_bootstrap}")
-        print(f"  API                   http://{s.http_host}:{s.http_port}")
-        if stack.dev_api_key:
-            print(f"  dev API key (tenant 'dev'): {stack.dev_api_key}")
-        print("Ctrl-C stops everything.", flush=True)
-        await api_server(s, registry).serve()
+        sandbox = None
+        if settings.capabilities_file is None:
+            # The packaged registry's capabilities call the sandbox on its default port.
+            sandbox = SandboxServer(port=sandbox_command.DEFAULT_PORT)
+            await sandbox.start()
+        try:
+            async with all_services(s, registry) as lines:
+                print("tool-dispatcher is up")
+                for line in stack.started:
+                    print(f"  {line}")
+                if sandbox is not None:
+                    print(f"  sandbox provider      {sandbox.url}")
+                print(f"  database              {s.database_url}")
+                print(f"  kafka                 {s.kafka_bootstrap}")
+                for line in lines:
+                    print(f"  {line}")
+                if stack.dev_api_key:
+                    print(f"  dev API key (tenant 'dev'): {stack.dev_api_key}")
+                print("Ctrl-C stops everything.", flush=True)
+                await stop.wait()
+        finally:
+            if sandbox is not None:
+                await sandbox.stop()
     print("stopped")
     return 0
 

@@ -12,12 +12,15 @@ import argparse
 import asyncio
 import signal
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import uvloop
 from prometheus_client import start_http_server
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry, load_registry
 from dispatcher.db import create_engine, session_factory
@@ -53,7 +56,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return _fail(f"cannot reach the database: {type(exc).__name__}", 1)
 
 
-async def _main(settings: Settings, registry: CapabilityRegistry, *, once: bool) -> int:
+@asynccontextmanager
+async def reconciler_for(
+    settings: Settings, registry: CapabilityRegistry
+) -> AsyncIterator[tuple[Reconciler, async_sessionmaker[AsyncSession]]]:
+    """A reconciler with its own engine and HTTP client, closed on exit."""
     engine = create_engine(settings)
     limits = httpx.Limits(
         max_connections=settings.reconcile_concurrency,
@@ -64,30 +71,47 @@ async def _main(settings: Settings, registry: CapabilityRegistry, *, once: bool)
     )
     try:
         async with httpx.AsyncClient(limits=limits, follow_redirects=False) as http:
-            reconciler = Reconciler(
-                session_factory(engine),
-                registry,
-                http,
-                events_topic=settings.events_topic,
-                escalations_topic=settings.escalations_topic,
-                batch_size=settings.reconcile_batch_size,
-                concurrency=settings.reconcile_concurrency,
-                lease_seconds=settings.reconcile_lease_seconds,
-                secrets=settings.provider_credentials(),
+            sessions = session_factory(engine)
+            yield (
+                Reconciler(
+                    sessions,
+                    registry,
+                    http,
+                    events_topic=settings.events_topic,
+                    escalations_topic=settings.escalations_topic,
+                    batch_size=settings.reconcile_batch_size,
+                    concurrency=settings.reconcile_concurrency,
+                    lease_seconds=settings.reconcile_lease_seconds,
+                    secrets=settings.provider_credentials(),
+                ),
+                sessions,
             )
-            if once:
-                tally = await reconciler.run_pass()
-                for line in tally.lines():
-                    print(line)
-                return 0
-            if settings.reconcile_metrics_port is not None:
-                start_http_server(settings.reconcile_metrics_port, settings.http_host)
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, stop.set)
-            await metrics.refresh(session_factory(engine))
-            await reconciler.run(stop, settings.reconcile_interval_seconds)
-            return 0
     finally:
         await engine.dispose()
+
+
+async def run_service(
+    settings: Settings, registry: CapabilityRegistry, stop: asyncio.Event
+) -> None:
+    """The reconciler loop until ``stop`` is set: what `tool-dispatcher up` runs beside
+    the API, relay and worker (entry-point group ``tool_dispatcher.services``)."""
+    async with reconciler_for(settings, registry) as (reconciler, sessions):
+        await metrics.refresh(sessions)
+        await reconciler.run(stop, settings.reconcile_interval_seconds)
+
+
+async def _main(settings: Settings, registry: CapabilityRegistry, *, once: bool) -> int:
+    if once:
+        async with reconciler_for(settings, registry) as (reconciler, _):
+            tally = await reconciler.run_pass()
+        for line in tally.lines():
+            print(line)
+        return 0
+    if settings.reconcile_metrics_port is not None:
+        start_http_server(settings.reconcile_metrics_port, settings.http_host)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await run_service(settings, registry, stop)
+    return 0
