@@ -3,6 +3,7 @@
 the sandbox's own request rate measured in the same run. Target: >= 0.5x.
 
     .venv/bin/python bench/dispatch.py [--calls 5000] [--database-url URL]
+        [--set worker_concurrency=256 --set provider_max_connections=8 ...]
 
 Creates (and drops) a scratch database on the server named by --database-url, starts
 an embedded Tansu, the sandbox and a relay as processes, pre-publishes the dispatch
@@ -138,6 +139,9 @@ async def main(args: argparse.Namespace) -> None:
         "TOOL_DISPATCHER_KAFKA_ENABLE_IDEMPOTENCE": "false",
         "TOOL_DISPATCHER_CAPABILITIES_FILE": str(caps),
     }
+    for setting in args.set:
+        name, _, value = setting.partition("=")
+        env[f"TOOL_DISPATCHER_{name.upper()}"] = value
     relay = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -184,4 +188,11 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--seconds", type=float, default=5.0, help="sandbox measurement")
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for the relay and the workers, e.g. worker_concurrency=256",
+    )
     asyncio.run(main(parser.parse_args()))

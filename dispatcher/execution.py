@@ -1,62 +1,42 @@
-"""Executing one tool call: claim it (point A), call the provider, record what really
-happened (point B).
+"""Executing tool calls: claim them (point A), call the provider, record what really
+happened (point B), a batch at a time.
 
-Point A commits ``authorized -> dispatching`` with a lease BEFORE the request leaves,
-so a crash after it is visible to the recovery sweep. Point B commits the outcome,
-its events and their outbox rows together, fenced by the lease owner and version the
-claim took: a worker that stalled past its lease cannot record anything.
+Point A commits ``authorized -> dispatching`` with a lease BEFORE any request leaves,
+so a crash after it is visible to the recovery sweep. Point B commits the outcomes,
+their events and their outbox rows together, each call fenced by the lease owner and
+version its claim took: a worker that stalled past its lease cannot record anything.
+
+A batch is one claim transaction (:mod:`dispatcher.claims`), its requests in flight
+at once (bounded by the provider client), and one record transaction
+(:mod:`dispatcher.outcomes`). The single-call methods are batches of one. The crash
+points ``after-claim``, ``after-send`` and ``after-record`` are passed once per batch,
+at the same commit boundaries as for a single call.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from datetime import timedelta
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import Capability, CapabilityRegistry
+from dispatcher.claims import Claim, claim_calls, lease_seconds
 from dispatcher.crashpoints import CrashPoints
-from dispatcher.errors import CapabilityNotFound, TransitionConflict
+from dispatcher.errors import TransitionConflict
 from dispatcher.events import EventType
-from dispatcher.provider import DispatchRequest, OutcomeKind, ProviderClient, ProviderOutcome
+from dispatcher.outcomes import OutcomeRecorder, Sent
+from dispatcher.provider import DispatchRequest, ProviderClient, ProviderOutcome
 from dispatcher.states import ExecutionStatus as S
-from dispatcher.states import ReconciliationStatus, VerificationStatus
-from dispatcher.tables import tool_calls
-from dispatcher.transitions import move
+from dispatcher.transitions import BulkMove
+
+__all__ = ["PRODUCER", "Claim", "Executor", "lease_seconds"]
 
 log = logging.getLogger(__name__)
 PRODUCER = "tool-dispatcher.worker"
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    tool_call_id: str
-    capability: Capability
-    idempotency_key: str
-    input: dict[str, Any]
-    correlation_id: str | None
-    version: int
-    lease_seconds: float
-    claimed_at: float
-    # A reconciler's re-send: a final answer settles the call (-> confirmed) instead of
-    # completing or failing it, because the call was already in doubt.
-    settles: bool = False
-
-
-def lease_seconds(capability: Capability, minimum: float, margin: float) -> float:
-    """Long enough for every attempt the retry policy allows, plus a margin: a lease
-    that lapses while the worker is still legitimately sending would hand a live call
-    to the recovery sweep."""
-    policy = capability.retry
-    worst = (
-        capability.request.timeout_seconds * policy.max_attempts
-        + policy.max_backoff_seconds * (policy.max_attempts - 1)
-    )
-    return max(minimum, worst + margin)
 
 
 class Executor:
@@ -77,74 +57,55 @@ class Executor:
     ) -> None:
         self._sessions = sessions
         self._producer = producer
-        self._registry = registry
         self._provider = provider
         self.worker_id = worker_id
         self._events_topic = events_topic
         self._min_lease = min_lease_seconds
         self._lease_margin = lease_margin_seconds
         self._crash = crash or CrashPoints()
+        self._capabilities = {cap.id: cap for cap in registry}
+        self._leases = {cap.id: self._lease_of(cap) for cap in registry}
+        self._recorder = OutcomeRecorder(worker_id, producer, events_topic)
+
+    def _lease_of(self, capability: Capability) -> float:
+        return lease_seconds(capability, self._min_lease, self._lease_margin)
 
     async def execute(self, tool_call_id: str) -> S | None:
         """Run the call if it is still ``authorized``; returns the recorded status, or
         None when the command was a duplicate or another worker got there first."""
-        claim = await self.claim(tool_call_id)
-        if claim is None:
-            return None
-        return await self.run(claim)
+        return (await self.execute_many([tool_call_id])).get(tool_call_id)
 
-    async def run(self, claim: Claim) -> S | None:
-        """Send a claimed call (its lease committed) and record the outcome."""
-        tool_call_id = claim.tool_call_id
-        self._crash.hit("after-claim")
-        if time.monotonic() - claim.claimed_at > claim.lease_seconds:
-            # Stalled before sending: the recovery sweep owns the call now.
-            log.warning("lease of %s lapsed before sending; not sending", tool_call_id)
-            return None
-        outcome = await self._provider.dispatch(
-            claim.capability,
-            DispatchRequest(
-                claim.tool_call_id,
-                claim.idempotency_key,
-                claim.input,
-                trace_seed=claim.correlation_id or claim.tool_call_id,
-            ),
-        )
-        self._crash.hit("after-send")
-        status = await self.record(claim, outcome)
-        self._crash.hit("after-record")
-        return status
+    async def execute_many(self, tool_call_ids: Iterable[str]) -> dict[str, S | None]:
+        """Run every named call that is still ``authorized``: one claim transaction,
+        the requests concurrently, one record transaction. Calls that were not claimed
+        (duplicates, already claimed or recorded) are absent from the result."""
+        claims = await self.claim_many(tool_call_ids)
+        if not claims:
+            return {}
+        return await self.run_many(claims)
 
     async def claim(self, tool_call_id: str) -> Claim | None:
-        """Point A: ``authorized -> dispatching`` under this worker's lease, committed."""
+        """Point A for one call: ``authorized -> dispatching`` under this worker's
+        lease, committed; None when the call is not ``authorized``."""
+        claims = await self.claim_many([tool_call_id])
+        return claims[0] if claims else None
+
+    async def claim_many(self, tool_call_ids: Iterable[str]) -> list[Claim]:
+        """Point A for a batch, in one committed transaction. A call that is not
+        ``authorized``, or whose capability is not registered, is left alone."""
+        moves = [BulkMove(tool_call_id) for tool_call_id in dict.fromkeys(tool_call_ids)]
+        if not moves:
+            return []
         async with self._sessions() as session, session.begin():
-            found = (
-                await session.execute(
-                    select(
-                        tool_calls.c.status,
-                        tool_calls.c.capability_id,
-                        tool_calls.c.dispatch_attempts,
-                    ).where(tool_calls.c.tool_call_id == tool_call_id)
-                )
-            ).first()
-            if found is None or found.status != S.AUTHORIZED:
-                return None
-            peek = found._mapping
-            try:
-                capability = self._registry.get(peek["capability_id"])
-            except CapabilityNotFound:
-                log.error("call %s names an unregistered capability", tool_call_id)
-                return None
-            try:
-                return await self.claim_in(
-                    session,
-                    tool_call_id,
-                    capability,
-                    expected=S.AUTHORIZED,
-                    dispatch_attempts=peek["dispatch_attempts"],
-                )
-            except TransitionConflict:
-                return None
+            return await claim_calls(
+                session,
+                moves,
+                capabilities=self._capabilities,
+                leases=self._leases,
+                owner=self.worker_id,
+                producer=self._producer,
+                events_topic=self._events_topic,
+            )
 
     async def claim_in(
         self,
@@ -162,196 +123,92 @@ class Executor:
     ) -> Claim:
         """Move ``expected -> dispatching`` under this worker's lease in the caller's
         transaction (the caller's commit is point A). ``lease_owner`` and ``version``
-        fence the move as in :func:`move`; raises :class:`TransitionConflict`."""
-        lease = lease_seconds(capability, self._min_lease, self._lease_margin)
-        row = await move(
+        fence the move as in :func:`dispatcher.transitions.move`; ``dispatch_attempts``
+        is the count the caller saw. Raises :class:`TransitionConflict`."""
+        claims = await claim_calls(
             session,
-            tool_call_id,
-            expected=expected,
-            target=S.DISPATCHING,
-            event_type=event_type,
+            [
+                BulkMove(
+                    tool_call_id,
+                    version,
+                    {"dispatch_attempts": dispatch_attempts + 1},
+                    payload or {},
+                )
+            ],
+            capabilities={capability.id: capability},
+            leases={capability.id: self._lease_of(capability)},
+            owner=self.worker_id,
             producer=self._producer,
             events_topic=self._events_topic,
-            fields={
-                "lease_owner": self.worker_id,
-                "lease_expires_at": func.now() + timedelta(seconds=lease),
-                # A re-send keeps the first dispatch time: the provider's idempotency
-                # window is counted from it.
-                "dispatched_at": func.coalesce(tool_calls.c.dispatched_at, func.now())
-                if settles
-                else func.now(),
-                "dispatch_attempts": dispatch_attempts + 1,
-            },
-            payload={"worker": self.worker_id, "leaseSeconds": lease, **(payload or {})},
-            lease_owner=lease_owner,
-            version=version,
+            expected=expected,
+            event_type=event_type,
+            fence_owner=lease_owner,
+            settles=settles,
         )
-        m = row._mapping
-        return Claim(
-            m["tool_call_id"],
-            capability,
-            m["idempotency_key"],
-            m["input"],
-            m["correlation_id"],
-            m["version"],
-            lease,
-            time.monotonic(),
-            settles,
+        if not claims:
+            raise TransitionConflict(
+                f"tool call {tool_call_id!r} is no longer {expected.value}"
+                " (or its lease/version changed)",
+                toolCallId=tool_call_id,
+                target=S.DISPATCHING.value,
+            )
+        return claims[0]
+
+    async def run(self, claim: Claim) -> S | None:
+        """Send a claimed call (its lease committed) and record the outcome."""
+        return (await self.run_many([claim])).get(claim.tool_call_id)
+
+    async def run_many(self, claims: Sequence[Claim]) -> dict[str, S | None]:
+        """Send claimed calls (their leases committed) concurrently, then record every
+        outcome in one transaction. None: not sent (lease lapsed) or not recorded
+        (lease lost)."""
+        self._crash.hit("after-claim")
+        statuses: dict[str, S | None] = {}
+        live: list[Claim] = []
+        now = time.monotonic()
+        for claim in claims:
+            if now - claim.claimed_at > claim.lease_seconds:
+                # Stalled before sending: the recovery sweep owns the call now.
+                log.warning("lease of %s lapsed before sending; not sending", claim.tool_call_id)
+                statuses[claim.tool_call_id] = None
+            else:
+                live.append(claim)
+        outcomes = await asyncio.gather(*(self._send(claim) for claim in live))
+        self._crash.hit("after-send")
+        statuses.update(await self.record_many(list(map(Sent, live, outcomes))))
+        self._crash.hit("after-record")
+        return statuses
+
+    async def _send(self, claim: Claim) -> ProviderOutcome:
+        return await self._provider.dispatch(
+            claim.capability,
+            DispatchRequest(
+                claim.tool_call_id,
+                claim.idempotency_key,
+                claim.input,
+                trace_seed=claim.correlation_id or claim.tool_call_id,
+            ),
         )
 
     async def record(self, claim: Claim, outcome: ProviderOutcome) -> S | None:
-        """Point B: the outcome, its events and outbox rows, in one fenced transaction."""
-        try:
-            async with self._sessions() as session, session.begin():
-                return await self._record(session, claim, outcome)
-        except TransitionConflict:
-            # Fenced out: our lease lapsed and the recovery sweep (or another worker)
-            # took the call over. What we saw is not recorded; the reconciler asks the
-            # provider, which holds the truth under the same idempotency key.
-            log.warning("outcome of %s not recorded: lease lost", claim.tool_call_id)
-            return None
+        """Point B for one call; None when its lease was lost."""
+        return (await self.record_many([Sent(claim, outcome)])).get(claim.tool_call_id)
 
-    async def _record(self, session: AsyncSession, claim: Claim, outcome: ProviderOutcome) -> S:
-        released: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
-        if outcome.external_request_id:
-            released["external_request_id"] = outcome.external_request_id
-        evidence: dict[str, Any] = {
-            "httpStatus": outcome.http_status,
-            "attempts": outcome.attempts,
-            "externalRequestId": outcome.external_request_id,
-            "error": outcome.error,
-        }
-
-        async def step(
-            expected: S, target: S, event: EventType, fields: dict[str, Any], fenced: bool = True
-        ) -> None:
-            await move(
-                session,
-                claim.tool_call_id,
-                expected=expected,
-                target=target,
-                event_type=event,
-                producer=self._producer,
-                events_topic=self._events_topic,
-                fields=fields,
-                payload=evidence,
-                lease_owner=self.worker_id if fenced else None,
-                version=claim.version if fenced else None,
-            )
-
-        kind = outcome.kind
-        if claim.settles and (
-            kind is OutcomeKind.COMPLETED
-            or (kind is OutcomeKind.FAILED and outcome.http_status is not None)
-        ):
-            return await self._settle(step, outcome)
-        if claim.settles and kind is OutcomeKind.NOT_SENT:
-            # The re-send never reached the provider: still in doubt, look again later.
-            kind = OutcomeKind.UNKNOWN
-        if kind is OutcomeKind.COMPLETED:
-            await step(
-                S.DISPATCHING,
-                S.ACCEPTED,
-                EventType.TOOL_CALL_ACCEPTED,
-                {**released, "accepted_at": func.now()},
-            )
-            # Same transaction, row already locked by the first step: no fence needed.
-            await step(
-                S.ACCEPTED,
-                S.COMPLETED,
-                EventType.TOOL_CALL_COMPLETED,
-                {
-                    "completed_at": func.now(),
-                    "result": outcome.result,
-                    "verification_status": VerificationStatus.CONFIRMED_SUCCESS,
-                },
-                fenced=False,
-            )
-            return S.COMPLETED
-        if kind is OutcomeKind.ACCEPTED:
-            await step(
-                S.DISPATCHING,
-                S.ACCEPTED,
-                EventType.TOOL_CALL_ACCEPTED,
-                {
-                    **released,
-                    **self._follow_up(claim.capability),
-                    "accepted_at": func.now(),
-                    "verification_status": VerificationStatus.PENDING,
-                },
-            )
-            return S.ACCEPTED
-        if kind in (OutcomeKind.FAILED, OutcomeKind.NOT_SENT):
-            # Only a provider's own answer confirms a failure; exhausted connection
-            # attempts prove nothing reached it, which is "not observed".
-            verified = (
-                VerificationStatus.CONFIRMED_FAILURE
-                if outcome.http_status
-                else VerificationStatus.NOT_OBSERVED
-            )
-            await step(
-                S.DISPATCHING,
-                S.FAILED,
-                EventType.TOOL_CALL_FAILED,
-                {
-                    **released,
-                    "completed_at": func.now(),
-                    "last_error": outcome.error,
-                    "result": outcome.result,
-                    "verification_status": verified,
-                },
-            )
-            return S.FAILED
-        await step(
-            S.DISPATCHING,
-            S.RESULT_UNKNOWN,
-            EventType.TOOL_CALL_RESULT_UNKNOWN,
-            {
-                **released,
-                **self._follow_up(claim.capability),
-                "last_error": outcome.error,
-                "verification_status": VerificationStatus.PENDING,
-            },
-        )
-        return S.RESULT_UNKNOWN
-
-    @staticmethod
-    async def _settle(step: Any, outcome: ProviderOutcome) -> S:
-        """A re-sent call's final answer: ``dispatching -> accepted -> confirmed``."""
-        succeeded = outcome.kind is OutcomeKind.COMPLETED
-        await step(
-            S.DISPATCHING,
-            S.ACCEPTED,
-            EventType.TOOL_CALL_ACCEPTED,
-            {"lease_owner": None, "lease_expires_at": None, "accepted_at": func.now()}
-            | (
-                {"external_request_id": outcome.external_request_id}
-                if outcome.external_request_id
-                else {}
-            ),
-        )
-        await step(
-            S.ACCEPTED,
-            S.CONFIRMED,
-            EventType.TOOL_CALL_CONFIRMED,
-            {
-                "completed_at": func.now(),
-                "result": outcome.result,
-                "last_error": None if succeeded else outcome.error,
-                "reconciliation_status": ReconciliationStatus.SETTLED,
-                "next_reconcile_at": None,
-                "verification_status": VerificationStatus.CONFIRMED_SUCCESS
-                if succeeded
-                else VerificationStatus.CONFIRMED_FAILURE,
-            },
-            False,
-        )
-        return S.CONFIRMED
-
-    @staticmethod
-    def _follow_up(capability: Capability) -> dict[str, Any]:
-        return {
-            "reconciliation_status": ReconciliationStatus.PENDING,
-            "next_reconcile_at": func.now()
-            + timedelta(seconds=capability.reconcile.initial_delay_seconds),
-        }
+    async def record_many(self, sent: Sequence[Sent]) -> dict[str, S | None]:
+        """Point B: the outcomes, their events and outbox rows, in one transaction,
+        each call fenced by its claim."""
+        if not sent:
+            return {}
+        async with self._sessions() as session, session.begin():
+            recorded = await self._recorder.record(session, sent)
+        statuses: dict[str, S | None] = {}
+        for item in sent:
+            call = item.claim.tool_call_id
+            statuses[call] = recorded.get(call)
+            if call not in recorded:
+                # Fenced out: our lease lapsed and the recovery sweep (or another
+                # worker) took the call over. What we saw is not recorded; the
+                # reconciler asks the provider, which holds the truth under the same
+                # idempotency key.
+                log.warning("outcome of %s not recorded: lease lost", call)
+        return statuses

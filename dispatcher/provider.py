@@ -20,7 +20,7 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -106,24 +106,36 @@ def _body(response: httpx.Response) -> dict[str, Any]:
 
 
 class ProviderClient:
-    """Sends dispatch requests over one pooled ``httpx.AsyncClient``.
+    """Sends dispatch requests over pooled ``httpx.AsyncClient`` s.
 
     ``secrets`` maps a capability id to the provider credential added at send time as
     ``Authorization: Bearer``; it is never stored, logged or put in an error.
+
+    Given several clients, each request borrows one that has a free slot: httpcore
+    checks every pooled connection (a socket poll each) and every queued request
+    whenever a request starts or ends, so its CPU cost per request grows with the
+    pool's size. Many small pools keep ``max_in_flight`` requests going at the cost of
+    a small one (measured: 16 in flight over one pool of 16 cost ~1 ms of CPU a
+    request, over eight pools of 2 ~0.45 ms).
     """
 
     def __init__(
         self,
-        http: httpx.AsyncClient,
+        http: httpx.AsyncClient | Sequence[httpx.AsyncClient],
         secrets: Mapping[str, str] | None = None,
         *,
         max_in_flight: int = 16,
     ) -> None:
-        self._http = http
+        self._clients = [http] if isinstance(http, httpx.AsyncClient) else list(http)
+        if not self._clients:
+            raise ValueError("ProviderClient needs at least one httpx.AsyncClient")
         self._secrets = dict(secrets or {})
-        # Requests beyond the connection pool wait here rather than in httpcore, whose
-        # bookkeeping costs grow with every queued request and pooled connection.
-        self._in_flight = asyncio.Semaphore(max_in_flight)
+        # Requests beyond the slots wait here rather than in httpcore, whose bookkeeping
+        # costs grow with every queued request. Slots go round the clients, so the
+        # load spreads evenly over them.
+        self._free: asyncio.Queue[httpx.AsyncClient] = asyncio.Queue()
+        for i in range(max(max_in_flight, 1)):
+            self._free.put_nowait(self._clients[i % len(self._clients)])
 
     async def dispatch(self, capability: Capability, request: DispatchRequest) -> ProviderOutcome:
         policy = capability.retry
@@ -165,15 +177,15 @@ class ProviderClient:
         secret = self._secrets.get(capability.id)
         if secret:
             headers["Authorization"] = f"Bearer {secret}"
+        http = await self._free.get()
         try:
-            async with self._in_flight:
-                response = await self._http.request(
-                    endpoint.method,
-                    endpoint.url,
-                    json=dict(request.input),
-                    headers=headers,
-                    timeout=endpoint.timeout_seconds,
-                )
+            response = await http.request(
+                endpoint.method,
+                endpoint.url,
+                json=dict(request.input),
+                headers=headers,
+                timeout=endpoint.timeout_seconds,
+            )
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             raise _NotSent(f"not sent: {type(exc).__name__}") from exc
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
@@ -188,6 +200,8 @@ class ProviderClient:
             return ProviderOutcome(
                 OutcomeKind.FAILED, attempt, error=f"request not sendable: {type(exc).__name__}"
             )
+        finally:
+            self._free.put_nowait(http)
         return self._classify(capability, response, attempt)
 
     def _classify(
