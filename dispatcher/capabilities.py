@@ -71,6 +71,16 @@ class Capability(_Model):
     enabled: bool = True
     risk: Literal["low", "medium", "high"] = "low"
     policy_version: int = 1
+    # How long a proposed call waits for a human decision before the expiry sweeper
+    # cancels it (``approval.expired``).
+    approval_ttl_seconds: float = Field(default=3600.0, gt=0)
+    # Four eyes: the API key that submitted the call may not approve it.
+    forbid_self_approval: bool = False
+    # A side-effecting call still in flight when its run is stopped: ask for its effect
+    # to be undone if it turns out to have happened ("compensate"), or let it stand
+    # ("keep", the default: undoing is an effect of its own and needs a compensation
+    # endpoint).
+    on_run_stopped: Literal["compensate", "keep"] = "keep"
     idempotency_key_template: str | None = None
     request: Endpoint
     # GET the request by the provider's id; the URL holds ``{externalRequestId}``.

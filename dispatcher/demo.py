@@ -102,6 +102,7 @@ async def _story(
     tag = uuid.uuid4().hex[:6]
     steps: list[Step] = []
     calls: dict[str, str] = {}
+    runs: dict[str, str] = {}
     async with (
         httpx.AsyncClient(
             base_url=base, timeout=10, headers={"Authorization": f"Bearer {api_key}"}
@@ -121,13 +122,16 @@ async def _story(
             ],
         )
 
-        async def submit(name: str, body: dict[str, Any], expected: int) -> dict[str, Any]:
-            response = await api.post("/v1/tool-calls", json={"runId": run_id, **body})
+        async def submit(
+            name: str, body: dict[str, Any], expected: int, run: str = run_id
+        ) -> dict[str, Any]:
+            response = await api.post("/v1/tool-calls", json={"runId": run, **body})
             data: dict[str, Any] = response.json()
             detail = data.get("idempotencyKey") or data.get("code", "")
             steps.append(Step(name, f"HTTP {expected}", f"HTTP {response.status_code}", detail))
             if response.status_code == 201:
                 calls[name] = data["toolCallId"]
+                runs[name] = run
             return data
 
         def refund(order: str) -> dict[str, Any]:
@@ -163,12 +167,46 @@ async def _story(
         )
         await submit("an unknown capability", {"capabilityId": "launch-rockets", "input": {}}, 404)
 
+        # A human decides the large refund, once and only once.
+        pending = (await api.get("/v1/approvals", params={"status": "pending"})).json()
+        approval = next(
+            a["approvalId"]
+            for a in pending["approvals"]
+            if a["toolCallId"] == calls["a large refund that needs approval"]
+        )
+        for title, code in (("approve the large refund", 200), ("approve it a second time", 409)):
+            decided = await api.post(
+                f"/v1/approvals/{approval}/decision",
+                json={"decision": "approve", "reason": "checked by finance"},
+            )
+            answer = decided.json()
+            steps.append(
+                Step(
+                    title,
+                    f"HTTP {code}",
+                    f"HTTP {decided.status_code}",
+                    answer.get("code") or answer.get("status", ""),
+                )
+            )
+
+        # An operator stops another run while its call still waits for a decision.
+        other = f"run-{uuid.uuid4().hex[:8]}"
+        gated = {
+            "capabilityId": "refund-order-approved",
+            "input": {"orderId": "order-005", "amount": 800},
+        }
+        await submit("queue a refund in a second run", gated, 201, run=other)
+        stopped = await api.post(f"/v1/runs/{other}/stop", json={"reason": "customer withdrew"})
+        steps.append(Step("stop the second run", "HTTP 200", f"HTTP {stopped.status_code}"))
+        await submit("submit to the stopped run", gated, 409, run=other)
+
         expected = {
             "refund order-001": "completed",
             "refund order-002 (provider drops the answer)": "confirmed",
             "refund order-003 (lookups never answer)": "escalated",
             "send the refund email": "completed",
-            "a large refund that needs approval": "proposed",
+            "a large refund that needs approval": "completed",
+            "queue a refund in a second run": "cancelled",
         }
         finals = await _wait_for(api, {calls[n]: s for n, s in expected.items()})
         for name, want in expected.items():
@@ -184,7 +222,7 @@ async def _story(
                 else "missing",
             )
         )
-        paths = {name: await _path(api, run_id, calls[name]) for name in expected}
+        paths = {name: await _path(api, runs[name], calls[name]) for name in expected}
         effects: dict[str, int] = (await provider.get("/v1/effects")).json()["effects"]
     return steps, paths, effects
 

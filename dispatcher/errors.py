@@ -110,3 +110,87 @@ class PayloadTooLarge(DispatcherError):
 class ServiceUnavailable(DispatcherError):
     code, status, title = "service_unavailable", 503, "Temporarily unavailable"
     retriable = True
+
+
+class ApprovalNotFound(DispatcherError):
+    code, status, title = "approval_not_found", 404, "Approval not found"
+
+    def __init__(self, approval_id: str) -> None:
+        super().__init__(f"no approval {approval_id!r}", approvalId=approval_id)
+
+
+class ApprovalAlreadyDecided(DispatcherError):
+    """The first decision won; this one changes nothing."""
+
+    code, status, title = "approval_already_decided", 409, "Approval already decided"
+
+    def __init__(self, approval_id: str, decision: str | None, decided_by: str | None) -> None:
+        super().__init__(
+            f"approval {approval_id!r} was already decided ({decision})",
+            approvalId=approval_id,
+            decision=decision,
+            decidedBy=decided_by,
+        )
+
+
+class ApprovalExpired(DispatcherError):
+    code, status, title = "approval_expired", 409, "Approval expired"
+
+    def __init__(self, approval_id: str, expires_at: str) -> None:
+        super().__init__(
+            f"approval {approval_id!r} expired at {expires_at}",
+            approvalId=approval_id,
+            expiresAt=expires_at,
+        )
+
+
+class ApprovalStale(DispatcherError):
+    """The call's input or the capability's policy changed since the approval was asked."""
+
+    code, status, title = "approval_stale", 409, "Approval no longer matches the call"
+
+    def __init__(self, approval_id: str, what: str) -> None:
+        super().__init__(
+            f"approval {approval_id!r} was asked for another {what}; ask again",
+            approvalId=approval_id,
+            changed=what,
+        )
+
+
+class SelfApprovalForbidden(DispatcherError):
+    code, status, title = "self_approval_forbidden", 403, "Self-approval is not allowed"
+
+    def __init__(self, approval_id: str, who: str) -> None:
+        super().__init__(
+            f"{who!r} submitted this call and cannot approve it", approvalId=approval_id
+        )
+
+
+class CapabilityUnavailable(DispatcherError):
+    """The capability was removed or disabled since the call was proposed."""
+
+    code, status, title = "capability_unavailable", 409, "Capability unavailable"
+
+    def __init__(self, capability_id: str, why: str) -> None:
+        super().__init__(f"capability {capability_id!r} {why}", capabilityId=capability_id)
+
+
+class RunStopped(DispatcherError):
+    code, status, title = "run_stopped", 409, "Run stopped"
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id!r} was stopped and accepts no more calls", runId=run_id)
+
+
+class RunNotFound(DispatcherError):
+    code, status, title = "run_not_found", 404, "Run not found"
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run {run_id!r}", runId=run_id)
+
+
+class RetryNotAllowed(DispatcherError):
+    code, status, title = "retry_not_allowed", 409, "Retry not allowed"
+
+    def __init__(self, tool_call_id: str, status: str, reason: str) -> None:
+        super().__init__(reason, toolCallId=tool_call_id, currentStatus=status)

@@ -23,6 +23,8 @@ SCHEMA_VERSION = 1
 
 
 class EventType(StrEnum):
+    """Every kind of execution fact; each has a JSON Schema in ``docs/events``."""
+
     TOOL_CALL_REQUESTED = "tool.call.requested"
     TOOL_CALL_AUTHORIZED = "tool.call.authorized"
     TOOL_CALL_DISPATCHING = "tool.call.dispatching"
@@ -40,6 +42,16 @@ class EventType(StrEnum):
     TOOL_CALL_RECONCILE_ATTEMPTED = "tool.call.reconcile_attempted"
     TOOL_CALL_COMPENSATION_REQUESTED = "tool.call.compensation_requested"
     TOOL_CALL_ESCALATION_ACKNOWLEDGED = "tool.call.escalation_acknowledged"
+    # An operator's retry command: failed / escalated -> authorized.
+    TOOL_CALL_RETRIED = "tool.call.retried"
+    # Approvals: required at intake (the call stays proposed); granted (-> authorized),
+    # rejected (-> rejected) or expired (-> cancelled) exactly once.
+    APPROVAL_REQUIRED = "approval.required"
+    APPROVAL_GRANTED = "approval.granted"
+    APPROVAL_REJECTED = "approval.rejected"
+    APPROVAL_EXPIRED = "approval.expired"
+    # A run-level fact: no tool call of its own.
+    RUN_STOPPED = "run.stopped"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,14 +119,28 @@ def event_row(
     }
 
 
-def event_message(event: Mapping[str, Any], topic: str) -> dict[str, Any]:
-    """Outbox row values publishing ``event`` (an :func:`event_row`) on the events topic.
+def run_event_row(
+    event_type: EventType,
+    *,
+    tenant: str,
+    run_id: str,
+    producer: str,
+    payload: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Column values of an ``execution_events`` row about a whole run (no call)."""
+    ctx = CallContext(tenant=tenant, run_id=run_id, tool_call_id="", capability_id="")
+    return {
+        **event_row(event_type, ctx, producer=producer, payload=payload),
+        "tool_call_id": None,
+        "capability_id": None,
+    }
 
-    Keyed by run, so a consumer sees each run's facts in order; the message id is the
-    event id, so consumers drop duplicates by it.
-    """
+
+def envelope(event: Mapping[str, Any]) -> dict[str, Any]:
+    """The published (camelCase) form of an event row: what the events topic carries
+    and what ``docs/events/<eventType>.json`` describes."""
     occurred_at: datetime = event["occurred_at"]
-    body = {
+    return {
         "eventId": event["event_id"],
         "eventType": event["event_type"],
         "tenant": event["tenant"],
@@ -130,6 +156,16 @@ def event_message(event: Mapping[str, Any], topic: str) -> dict[str, Any]:
         "occurredAt": occurred_at.isoformat(),
         "payload": event["payload"],
     }
+
+
+def event_message(event: Mapping[str, Any], topic: str) -> dict[str, Any]:
+    """Outbox row values publishing ``event`` (an :func:`event_row`) on the events topic.
+
+    Keyed by run, so a consumer sees each run's facts in order; the message id is the
+    event id, so consumers drop duplicates by it.
+    """
+    occurred_at: datetime = event["occurred_at"]
+    body = envelope(event)
     return OutboxMessage(
         topic=topic,
         key=event["run_id"],

@@ -3,8 +3,13 @@ caller's transaction. The same idempotency key replays the stored call; the same
 with a different request is refused.
 
 One code path serves a single library call and a batch of HTTP submissions grouped
-into one commit: a batch costs one constant statement (three INSERTs in CTEs) and at
-most one SELECT, whatever its size.
+into one commit: a batch costs one constant statement (the run guard and four INSERTs
+in CTEs) and at most two SELECTs, whatever its size.
+
+A capability that requires approval leaves its call ``proposed`` with an approval
+(``approval.required``) and no dispatch command. A stopped run accepts no new calls
+(:class:`RunStopped`); see the run guard below for how this holds against a stop
+committed at the same moment.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,10 +28,11 @@ from sqlalchemy import bindparam, select, text, tuple_
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from dispatcher.capabilities import CapabilityRegistry, render_key_template
+from dispatcher.capabilities import Capability, CapabilityRegistry, render_key_template
 from dispatcher.errors import (
     DispatcherError,
     IdempotencyKeyReused,
+    RunStopped,
     ToolCallIdConflict,
     ValidationFailed,
 )
@@ -37,7 +44,7 @@ from dispatcher.events import (
     event_row,
 )
 from dispatcher.states import ExecutionStatus
-from dispatcher.tables import tool_calls
+from dispatcher.tables import runs, tool_calls
 from dispatcher.views import ToolCallView
 from outbox_relay import OutboxMessage
 
@@ -59,6 +66,11 @@ _EVENT_COLUMNS = {
     "payload": "jsonb",
 }  # fmt: skip
 _OUTBOX_COLUMNS = {"topic": "text", "key": "text", "payload": "jsonb", "headers": "jsonb"}
+_APPROVAL_COLUMNS = {
+    "approval_id": "text", "tool_call_id": "text", "tenant": "text", "run_id": "text",
+    "capability_id": "text", "risk": "text", "input_hash": "text", "policy_version": "int",
+    "requested_by": "text", "expires_at": "timestamptz",
+}  # fmt: skip
 
 
 def _rows_of(param: str, columns: dict[str, str], extra: str = "") -> str:
@@ -71,6 +83,39 @@ def _rows_of(param: str, columns: dict[str, str], extra: str = "") -> str:
     return f"SELECT {', '.join(columns)} FROM {rows} WITH ORDINALITY AS {param}_in({names}, ord)"  # noqa: S608
 
 
+# The run guard, racing the stop command (dispatcher.runs.stop_run), which first locks
+# the run's row FOR UPDATE, then sets stopped_at, then cancels the run's queued calls
+# in a later statement. Intake locks every run of the batch FOR KEY SHARE (intakes do
+# not block each other), so exactly one of two orders happens:
+# - intake first: the stop waits for intake's commit, and its cancelling statement,
+#   which starts after that, sees and cancels the new calls;
+# - stop first: intake's lock waits for the stop's commit and then returns the row's
+#   newest version (READ COMMITTED re-reads a row it had to wait for), stopped.
+# A row this statement's snapshot cannot see (a run created or stopped concurrently)
+# is handled by the INSERT: ON CONFLICT DO UPDATE waits for the other transaction and
+# then sees (and locks) the newest version even though the snapshot does not; its
+# WHERE only rewrites a stopped row, whose RETURNING then names the run as stopped.
+_RUN_GUARD = """wanted AS MATERIALIZED (
+    SELECT DISTINCT tenant, run_id FROM jsonb_to_recordset(:calls) AS w(tenant text, run_id text)
+), known AS MATERIALIZED (
+    SELECT r.tenant, r.run_id, r.stopped_at FROM runs r
+    JOIN wanted w ON r.tenant = w.tenant AND r.run_id = w.run_id
+    ORDER BY r.tenant, r.run_id
+    FOR KEY SHARE OF r
+), created AS (
+    INSERT INTO runs (tenant, run_id)
+    SELECT tenant, run_id FROM wanted w WHERE NOT EXISTS (
+        SELECT 1 FROM known k WHERE k.tenant = w.tenant AND k.run_id = w.run_id
+    ) ORDER BY tenant, run_id
+    ON CONFLICT (tenant, run_id) DO UPDATE SET stopped_at = runs.stopped_at
+    WHERE runs.stopped_at IS NOT NULL
+    RETURNING tenant, run_id, stopped_at
+), stopped AS (
+    SELECT tenant, run_id FROM known WHERE stopped_at IS NOT NULL
+    UNION ALL SELECT tenant, run_id FROM created WHERE stopped_at IS NOT NULL
+)"""
+
+
 # The whole intake write in one statement and one round trip. Events and outbox rows
 # are written only for the calls the first INSERT created (its RETURNING), so a
 # replayed or refused item adds nothing. The text is constant: SQLAlchemy compiles it
@@ -81,10 +126,17 @@ def _rows_of(param: str, columns: dict[str, str], extra: str = "") -> str:
 # SELECT in _replay sees the winner.
 _INTAKE = (
     text(
-        f"""WITH calls AS (
+        f"""WITH {_RUN_GUARD}, calls AS (
     INSERT INTO tool_calls ({", ".join(_CALL_COLUMNS)})
-    {_rows_of("calls", _CALL_COLUMNS)} ORDER BY ord
+    {_rows_of("calls", _CALL_COLUMNS)}
+    WHERE NOT EXISTS (
+        SELECT 1 FROM stopped s WHERE s.tenant = calls_in.tenant AND s.run_id = calls_in.run_id
+    ) ORDER BY ord
     ON CONFLICT DO NOTHING RETURNING *
+), approvals AS (
+    INSERT INTO approvals ({", ".join(_APPROVAL_COLUMNS)})
+    {_rows_of("approvals", _APPROVAL_COLUMNS)}
+    WHERE tool_call_id IN (SELECT tool_call_id FROM calls) ORDER BY ord
 ), events AS (
     INSERT INTO execution_events ({", ".join(_EVENT_COLUMNS)})
     {_rows_of("events", _EVENT_COLUMNS)}
@@ -100,6 +152,7 @@ SELECT * FROM calls"""  # noqa: S608 - constant text, every value is a bound par
         bindparam("calls", type_=JSONB),
         bindparam("events", type_=JSONB),
         bindparam("messages", type_=JSONB),
+        bindparam("approvals", type_=JSONB),
     )
     .columns(*tool_calls.c)
 )
@@ -137,8 +190,13 @@ class Submission:
 class _Prepared:
     request: SubmitRequest
     tenant: str
-    requires_approval: bool
+    capability: Capability
+    submitted_by: str | None
     values: dict[str, Any]
+
+    @property
+    def requires_approval(self) -> bool:
+        return self.capability.requires_approval
 
     @property
     def key(self) -> tuple[str, str]:
@@ -164,12 +222,14 @@ async def submit(
     registry: CapabilityRegistry,
     dispatch_topic: str = DEFAULT_DISPATCH_TOPIC,
     events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+    submitted_by: str | None = None,
 ) -> Submission:
     """Record ``request`` inside the caller's open transaction; the caller commits.
 
     Nothing is committed here, so a producer's own domain write, the tool call and
     its outbox row commit or roll back together. Raises a :class:`DispatcherError`
-    (nothing written) for an unknown capability, bad input or a reused key.
+    (nothing written) for an unknown capability, bad input, a reused key or a stopped
+    run. ``submitted_by`` names the submitter on the call's approval, if it needs one.
     """
     [outcome] = await submit_many(
         session,
@@ -177,6 +237,7 @@ async def submit(
         registry=registry,
         dispatch_topic=dispatch_topic,
         events_topic=events_topic,
+        submitted_by=[submitted_by],
     )
     if isinstance(outcome, DispatcherError):
         raise outcome
@@ -190,17 +251,19 @@ async def submit_many(
     registry: CapabilityRegistry,
     dispatch_topic: str = DEFAULT_DISPATCH_TOPIC,
     events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+    submitted_by: Sequence[str | None] | None = None,
 ) -> list[Submission | DispatcherError]:
     """Record several ``(request, tenant)`` submissions in the caller's transaction.
 
     Each item gets its own outcome: a refused item writes nothing and does not
-    disturb the others.
+    disturb the others. ``submitted_by``, parallel to ``items``, names each submitter.
     """
     outcomes: list[Submission | DispatcherError | None] = [None] * len(items)
     prepared: dict[int, _Prepared] = {}
+    submitters = list(submitted_by) if submitted_by is not None else [None] * len(items)
     for i, (request, tenant) in enumerate(items):
         try:
-            prepared[i] = _prepare(request, tenant, registry)
+            prepared[i] = _prepare(request, tenant, registry, submitters[i])
         except DispatcherError as exc:
             outcomes[i] = exc
 
@@ -224,8 +287,9 @@ async def submit_many(
                 to_replay[i] = prep
         events: list[dict[str, Any]] = []
         messages: list[dict[str, Any]] = []
+        approvals: list[dict[str, Any]] = []
         for i in fresh:
-            _plan_created(prepared[i], events, messages, dispatch_topic, events_topic)
+            _plan_created(prepared[i], events, messages, approvals, dispatch_topic, events_topic)
         inserted = {
             row.tool_call_id: row._mapping
             for row in await session.execute(
@@ -234,6 +298,7 @@ async def submit_many(
                     "calls": [prepared[i].values for i in fresh],
                     "events": events,
                     "messages": messages,
+                    "approvals": approvals,
                 },
             )
         }
@@ -251,7 +316,9 @@ async def submit_many(
     return [o for o in outcomes if o is not None]
 
 
-def _prepare(request: SubmitRequest, tenant: str, registry: CapabilityRegistry) -> _Prepared:
+def _prepare(
+    request: SubmitRequest, tenant: str, registry: CapabilityRegistry, submitted_by: str | None
+) -> _Prepared:
     capability = registry.get(request.capability_id)
     if not capability.enabled:
         raise ValidationFailed(
@@ -269,7 +336,8 @@ def _prepare(request: SubmitRequest, tenant: str, registry: CapabilityRegistry) 
     return _Prepared(
         request=request,
         tenant=tenant,
-        requires_approval=capability.requires_approval,
+        capability=capability,
+        submitted_by=submitted_by,
         values={
             "tool_call_id": tool_call_id,
             "tenant": tenant,
@@ -291,10 +359,11 @@ def _plan_created(
     prep: _Prepared,
     events: list[dict[str, Any]],
     messages: list[dict[str, Any]],
+    approvals: list[dict[str, Any]],
     dispatch_topic: str,
     events_topic: str | None,
 ) -> None:
-    """Append the event rows and outbox rows that record ``prep`` if it is created."""
+    """Append the event, outbox and approval rows that record ``prep`` if it is created."""
     ctx = CallContext.of(prep.values)
     call = prep.values["tool_call_id"]
     new = [
@@ -309,7 +378,23 @@ def _plan_created(
             },
         )
     ]
-    if not prep.requires_approval:
+    if prep.requires_approval:
+        approval = _approval(prep)
+        approvals.append(approval)
+        new.append(
+            event_row(
+                EventType.APPROVAL_REQUIRED,
+                ctx,
+                producer=PRODUCER,
+                causation_id=new[0]["event_id"],
+                payload={
+                    "approvalId": approval["approval_id"],
+                    "risk": approval["risk"],
+                    "expiresAt": approval["expires_at"],
+                },
+            )
+        )
+    else:
         new.append(
             event_row(
                 EventType.TOOL_CALL_AUTHORIZED,
@@ -331,6 +416,25 @@ def _plan_created(
         messages.append({**command, "call": call})
     # JSON parameters: the timestamp travels as ISO 8601 text.
     events.extend({**e, "occurred_at": e["occurred_at"].isoformat()} for e in new)
+
+
+def _approval(prep: _Prepared) -> dict[str, Any]:
+    """The approval row of a call that needs one (JSON parameter values)."""
+    capability = prep.capability
+    # The application's clock: the same instant goes into the row and the event.
+    expires_at = datetime.now(UTC) + timedelta(seconds=capability.approval_ttl_seconds)
+    return {
+        "approval_id": f"apr_{uuid.uuid4().hex}",
+        "tool_call_id": prep.values["tool_call_id"],
+        "tenant": prep.tenant,
+        "run_id": prep.values["run_id"],
+        "capability_id": capability.id,
+        "risk": capability.risk,
+        "input_hash": prep.values["request_fingerprint"],
+        "policy_version": capability.policy_version,
+        "requested_by": prep.submitted_by,
+        "expires_at": expires_at.isoformat(),
+    }
 
 
 def dispatch_command(
@@ -382,9 +486,25 @@ async def _replay(
         )
     }
     outcomes: dict[int, Submission | DispatcherError] = {}
+    missing = {(p.tenant, p.values["run_id"]) for p in items.values() if p.key not in stored}
+    stopped: set[tuple[str, str]] = set()
+    if missing:
+        # Committed for good (a run is never restarted), so this later statement sees
+        # every stop the run guard saw.
+        stopped = {
+            (row.tenant, row.run_id)
+            for row in await session.execute(
+                select(runs.c.tenant, runs.c.run_id).where(
+                    tuple_(runs.c.tenant, runs.c.run_id).in_(list(missing)),
+                    runs.c.stopped_at.is_not(None),
+                )
+            )
+        }
     for i, prep in items.items():
         row = stored.get(prep.key)
-        if row is None:
+        if row is None and (prep.tenant, prep.values["run_id"]) in stopped:
+            outcomes[i] = RunStopped(prep.values["run_id"])
+        elif row is None:
             # The key is free, so the clash was on the primary key: another call owns it.
             outcomes[i] = ToolCallIdConflict(prep.values["tool_call_id"])
         elif row["request_fingerprint"] != prep.values["request_fingerprint"] or (

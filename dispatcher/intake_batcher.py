@@ -29,6 +29,7 @@ _ATTEMPTS = 3
 class _Pending:
     request: SubmitRequest
     tenant: str
+    submitted_by: str | None
     future: asyncio.Future[Submission]
 
 
@@ -67,9 +68,12 @@ class IntakeBatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def submit(self, request: SubmitRequest, tenant: str) -> Submission:
+    async def submit(
+        self, request: SubmitRequest, tenant: str, submitted_by: str | None = None
+    ) -> Submission:
+        """Queue one submission; answers once the batch holding it committed."""
         future: asyncio.Future[Submission] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(request, tenant, future))
+        self._queue.put_nowait(_Pending(request, tenant, submitted_by, future))
         # Shielded: a client that hangs up must not cancel a commit in progress; its
         # call is recorded all the same and a replay with its key finds it.
         return await asyncio.shield(future)
@@ -103,6 +107,7 @@ class IntakeBatcher:
                         registry=self._registry,
                         dispatch_topic=self._dispatch_topic,
                         events_topic=self._events_topic,
+                        submitted_by=[p.submitted_by for p in batch],
                     )
                 break
             except DBAPIError as exc:

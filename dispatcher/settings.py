@@ -88,6 +88,8 @@ class Settings(BaseSettings):
     # Serve the reconciler's /metrics on this port (None: not served).
     reconcile_metrics_port: int | None = None
 
+    approval_sweep_interval_seconds: float = Field(default=30.0, gt=0)
+
     dispatch_topic: str = "tool-dispatcher.commands"
     events_topic: str = "tool-dispatcher.events"
     escalations_topic: str = "tool-dispatcher.escalations"

@@ -150,3 +150,61 @@ escalations = Table(
     ),
     Index("ix_escalations_tenant_status", "tenant", "status", "created_at"),
 )
+
+APPROVAL_STATES = ("pending", "approved", "rejected", "expired", "cancelled")
+
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("approval_id", Text, primary_key=True),
+    # One approval per call: a decision is keyed by approval_id, so it can never answer
+    # another call's approval.
+    Column("tool_call_id", Text, nullable=False, unique=True),
+    Column("tenant", Text, nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("capability_id", Text, nullable=False),
+    Column("risk", Text, nullable=False),
+    # What was put in front of the human: a decision for another input or another
+    # version of the capability's policy is refused as stale.
+    Column("input_hash", Text, nullable=False),
+    Column("policy_version", Integer, nullable=False),
+    # The submitting API key's name (None for library submissions): self-approval check.
+    Column("requested_by", Text),
+    Column("status", Text, nullable=False, server_default="pending"),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("closed_at", DateTime(timezone=True)),
+    Column("decision", Text),
+    Column("decided_by", Text),
+    Column("decision_reason", Text),
+    CheckConstraint(
+        "status IN ('pending', 'approved', 'rejected', 'expired', 'cancelled')",
+        name="ck_approvals_status",
+    ),
+    CheckConstraint(
+        "decision IS NULL OR decision IN ('approve', 'reject')", name="ck_approvals_decision"
+    ),
+    # A human decision exists exactly when the approval was approved or rejected, and
+    # an approval is closed exactly when it is no longer pending.
+    CheckConstraint(
+        "(decision IS NOT NULL) = (status IN ('approved', 'rejected'))",
+        name="ck_approvals_decided",
+    ),
+    CheckConstraint("(closed_at IS NULL) = (status = 'pending')", name="ck_approvals_closed"),
+    Index("ix_approvals_tenant_status", "tenant", "status", "created_at"),
+    # The expiry sweeper scans only pending approvals.
+    Index("ix_approvals_pending_expiry", "expires_at", postgresql_where=text("status = 'pending'")),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("run_id", Text, primary_key=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Set once by the stop command; a stopped run accepts no new calls (intake locks
+    # the row FOR KEY SHARE, the stop FOR UPDATE: see dispatcher.runs).
+    Column("stopped_at", DateTime(timezone=True)),
+    Column("stopped_by", Text),
+    Column("reason", Text),
+)

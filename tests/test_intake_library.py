@@ -245,8 +245,11 @@ async def test_capability_needing_approval_is_proposed_without_a_command(
     assert submission.created is True
     assert submission.view.status == "proposed"
     events = await _rows(engine, execution_events)
-    assert [e["event_type"] for e in events] == ["tool.call.requested"]
+    assert [e["event_type"] for e in events] == ["tool.call.requested", "approval.required"]
     assert events[0]["payload"]["requiresApproval"] is True
+    required = events[1]["payload"]
+    assert required["approvalId"].startswith("apr_") and required["risk"] == "high"
+    assert "expiresAt" in required
     assert await _commands(engine) == []
 
 

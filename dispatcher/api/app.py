@@ -1,5 +1,5 @@
-"""The FastAPI application: intake, reads of calls and run event logs, health and
-metrics."""
+"""The FastAPI application: intake, reads of calls, runs and run event logs,
+approvals, control commands, escalations, health and metrics."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import ASGIApp
 
 from dispatcher.api import problems
+from dispatcher.api.approvals import add_approval_routes
 from dispatcher.api.auth import ApiKeyAuth
 from dispatcher.api.escalations import add_escalation_routes
 from dispatcher.api.middleware import BodyLimit, RequestTiming
+from dispatcher.api.runs import add_run_routes
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db import create_engine, session_factory
 from dispatcher.errors import ServiceUnavailable, ToolCallNotFound, ValidationFailed
@@ -66,6 +68,8 @@ def create_app(
     app = FastAPI(title="tool-dispatcher", version="0.1.0", lifespan=lifespan)
     problems.install(app)
     add_escalation_routes(app, auth, lambda: state["sessions"], settings)
+    add_approval_routes(app, auth, lambda: state["sessions"], settings, registry)
+    add_run_routes(app, auth, lambda: state["sessions"], settings, registry)
 
     @app.post("/v1/tool-calls", status_code=201)
     async def submit_tool_call(request: Request) -> Response:
@@ -81,7 +85,7 @@ def create_app(
                     for e in exc.errors(include_url=False, include_input=False)
                 ],
             ) from None
-        submission = await state["batcher"].submit(body, principal.tenant)
+        submission = await state["batcher"].submit(body, principal.tenant, principal.identity)
         INTAKE_SUBMISSIONS.labels("created" if submission.created else "replayed").inc()
         view: ToolCallView = submission.view
         return _json(

@@ -14,9 +14,18 @@ from dispatcher.settings import ApiKey, Scope, hash_api_key
 
 @dataclass(frozen=True, slots=True)
 class Principal:
+    """An authenticated API key: its tenant, scopes and name."""
+
     tenant: str
     scopes: frozenset[str]
     name: str
+    key_id: str = ""
+    """A short prefix of the key's SHA-256: names a key configured without a name."""
+
+    @property
+    def identity(self) -> str:
+        """Who acted, as recorded on approvals, stops and retries."""
+        return self.name or f"key:{self.key_id}"
 
     def require(self, scope: Scope) -> None:
         if scope not in self.scopes:
@@ -25,7 +34,9 @@ class Principal:
 
 class ApiKeyAuth:
     def __init__(self, keys: Iterable[ApiKey]) -> None:
-        self._by_hash = {k.sha256: Principal(k.tenant, frozenset(k.scopes), k.name) for k in keys}
+        self._by_hash = {
+            k.sha256: Principal(k.tenant, frozenset(k.scopes), k.name, k.sha256[:12]) for k in keys
+        }
 
     def authenticate(self, request: Request) -> Principal:
         header = request.headers.get("authorization", "")

@@ -1,0 +1,73 @@
+"""Runs and control commands over HTTP: the run view (``read``), stop a run and retry
+a call (``operate``), tenant-scoped."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import FastAPI, Request, Response
+
+from dispatcher import control, runs
+from dispatcher.api.approvals import Sessions, actor_of
+from dispatcher.api.auth import ApiKeyAuth
+from dispatcher.api.bodies import parse_body
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.control import RetryRequest
+from dispatcher.run_view import load_run_view
+from dispatcher.runs import StopRequest
+from dispatcher.settings import Settings
+
+JSON = "application/json"
+
+
+def add_run_routes(
+    app: FastAPI,
+    auth: ApiKeyAuth,
+    sessions: Sessions,
+    settings: Settings,
+    registry: CapabilityRegistry,
+) -> None:
+    """Add ``GET /v1/runs/{runId}``, ``POST /v1/runs/{runId}/stop`` and
+    ``POST /v1/tool-calls/{toolCallId}/retry``."""
+
+    @app.get("/v1/runs/{run_id}")
+    async def run_view(run_id: str, request: Request) -> Response:
+        principal = auth.authenticate(request)
+        principal.require("read")
+        async with sessions()() as session:
+            view = await load_run_view(session, principal.tenant, run_id)
+        return Response(view.model_dump_json(by_alias=True), media_type=JSON)
+
+    @app.post("/v1/runs/{run_id}/stop")
+    async def stop(run_id: str, request: Request) -> Response:
+        principal = auth.authenticate(request)
+        principal.require("operate")
+        body = parse_body(StopRequest, await request.body(), "stop request")
+        async with sessions()() as session, session.begin():
+            outcome = await runs.stop_run(
+                session,
+                tenant=principal.tenant,
+                run_id=run_id,
+                actor=actor_of(principal),
+                reason=body.reason,
+                registry=registry,
+                events_topic=settings.events_topic,
+            )
+        return Response(json.dumps(outcome.as_json()), media_type=JSON)
+
+    @app.post("/v1/tool-calls/{tool_call_id}/retry")
+    async def retry(tool_call_id: str, request: Request) -> Response:
+        principal = auth.authenticate(request)
+        principal.require("operate")
+        body = parse_body(RetryRequest, await request.body(), "retry request")
+        async with sessions()() as session, session.begin():
+            view = await control.retry_call(
+                session,
+                tool_call_id,
+                body,
+                tenant=principal.tenant,
+                actor=actor_of(principal),
+                dispatch_topic=settings.dispatch_topic,
+                events_topic=settings.events_topic,
+            )
+        return Response(view.model_dump_json(by_alias=True), media_type=JSON)
