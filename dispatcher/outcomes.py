@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
 
-from sqlalchemy import Row, func
+from sqlalchemy import Row, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.claims import Claim, by_capability, seconds_of
@@ -23,6 +23,7 @@ from dispatcher.events import EventType
 from dispatcher.provider import OutcomeKind, ProviderOutcome
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
+from dispatcher.tables import tool_calls
 from dispatcher.transitions import BulkMove, move_many
 
 _RELEASED: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
@@ -96,9 +97,35 @@ class OutcomeRecorder:
         groups: dict[_Class, list[Sent]] = {}
         for item in sent:
             groups.setdefault(_class_of(item), []).append(item)
+        if _Class.COMPLETED in groups:
+            # A call whose run was stopped while it was in flight must not end as
+            # `completed`: it stops at `accepted` for the reconciler, which sees the
+            # success and the compensation request and undoes the effect. Locked here so
+            # a concurrent stop sees either this outcome or marks the call first.
+            undo = set(
+                (
+                    await session.execute(
+                        select(tool_calls.c.tool_call_id)
+                        .where(
+                            tool_calls.c.tool_call_id.in_(
+                                [i.claim.tool_call_id for i in groups[_Class.COMPLETED]]
+                            ),
+                            tool_calls.c.compensation_requested_at.is_not(None),
+                        )
+                        .with_for_update()
+                    )
+                ).scalars()
+            )
+            if undo:
+                groups.setdefault(_Class.ACCEPTED, []).extend(
+                    i for i in groups[_Class.COMPLETED] if i.claim.tool_call_id in undo
+                )
+                groups[_Class.COMPLETED] = [
+                    i for i in groups[_Class.COMPLETED] if i.claim.tool_call_id not in undo
+                ]
         recorded: dict[str, S] = {}
         for cls in _Class:  # a fixed order of statements, whatever the batch holds
-            if cls not in groups:
+            if not groups.get(cls):
                 continue
             status, rows = await self._write(session, cls, groups[cls])
             recorded.update((row.tool_call_id, status) for row in rows)

@@ -36,8 +36,16 @@ from tests.control_support import (
     insert_call,
     plain_capability,
 )
-from tests.dispatch_support import add_fault, call_row, event_payloads, event_types, submit_call
+from tests.dispatch_support import (
+    add_fault,
+    books,
+    call_row,
+    event_payloads,
+    event_types,
+    submit_call,
+)
 from tests.reconcile_support import (
+    make_due,
     new_reconciler,
     reconcile_capability,
     unknown_call,
@@ -377,3 +385,43 @@ async def test_retry_in_a_stopped_run_is_refused(
     )
     assert reply.status_code == 409 and reply.json()["code"] == "run_stopped"
     assert (await call_row(sessions, failed))["status"] == "failed"
+
+
+async def test_an_in_flight_call_that_succeeds_after_the_stop_is_compensated(
+    sessions: Sessions,
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+) -> None:
+    await add_fault(sandbox.url, {"kind": "latency", "latencyMs": 600, "idempotencyKey": "late"})
+    call = await submit_call(
+        sessions, registry, "refund-undo", {"n": 7}, key="late", run_id="run-late"
+    )
+    executor = Executor(
+        sessions,
+        registry,
+        ProviderClient(http),
+        worker_id="w",
+        events_topic="tool-dispatcher.events",
+    )
+    running = asyncio.create_task(executor.execute(call))
+    for _ in range(100):
+        if (await call_row(sessions, call))["status"] == "dispatching":
+            break
+        await asyncio.sleep(0.02)
+    async with sessions() as session, session.begin():
+        outcome = await stop_run(
+            session, tenant="acme", run_id="run-late", actor=OPS, reason="", registry=registry
+        )
+    assert outcome.in_flight == [call] and outcome.compensation_requested == [call]
+
+    # The provider's success arrives after the stop: the call waits for the reconciler
+    # instead of ending as `completed`, and the reconciler undoes the effect.
+    assert await running is S.ACCEPTED
+    row = await call_row(sessions, call)
+    assert (row["status"], row["reconciliation_status"]) == ("accepted", "pending")
+    await make_due(sessions)
+    await until_settled(new_reconciler(sessions, registry, http))
+    assert (await call_row(sessions, call))["status"] == "compensated"
+    counts = await books(sandbox.url)
+    assert counts["effects"] == {"late": 1} and counts["reversals"] == {"late": 1}
