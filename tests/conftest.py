@@ -16,6 +16,7 @@ from dispatcher import migrate
 from dispatcher.capabilities import CapabilityRegistry, load_registry
 from dispatcher.db import engine_for, session_factory
 from dispatcher.embedded import EmbeddedPostgres, Tansu
+from dispatcher.sandbox import SandboxServer
 from dispatcher.settings import Settings, load_settings
 from tests.services import TestEnvironment, unique_name, with_database
 
@@ -110,3 +111,10 @@ def registry() -> CapabilityRegistry:
 def sessions(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     """Sessions on this test's own database."""
     return session_factory(engine)
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[SandboxServer]:
+    """The sandbox provider, in memory, on a free port of this test's own."""
+    async with SandboxServer() as server:
+        yield server

@@ -59,12 +59,6 @@ OPS = Actor("oncall", "acme", "test")
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[SandboxServer]:
-    async with SandboxServer() as server:
-        yield server
-
-
-@pytest.fixture
 def registry(sandbox: SandboxServer) -> CapabilityRegistry:
     url = sandbox.url
     caps = [
@@ -270,14 +264,18 @@ async def test_concurrent_submissions_and_a_stop_leave_nothing_queued(
     assert set(left.values()) <= {"cancelled"}
 
 
-async def test_an_in_flight_call_finishes_and_is_recorded_after_the_stop(
+async def dispatch_slowly(
     sessions: Sessions,
     registry: CapabilityRegistry,
-    sandbox: SandboxServer,
     http: httpx.AsyncClient,
-) -> None:
-    await add_fault(sandbox.url, {"kind": "latency", "latencyMs": 600, "idempotencyKey": "slow"})
-    call = await submit_call(sessions, registry, "send", {"n": 1}, key="slow", run_id="run-f")
+    sandbox_url: str,
+    capability: str,
+    key: str,
+    run_id: str,
+) -> tuple[str, asyncio.Task[S | None]]:
+    """A call whose provider takes its time, caught while it is ``dispatching``."""
+    await add_fault(sandbox_url, {"kind": "latency", "latencyMs": 600, "idempotencyKey": key})
+    call = await submit_call(sessions, registry, capability, {"n": 1}, key=key, run_id=run_id)
     executor = Executor(
         sessions,
         registry,
@@ -290,6 +288,18 @@ async def test_an_in_flight_call_finishes_and_is_recorded_after_the_stop(
         if (await call_row(sessions, call))["status"] == "dispatching":
             break
         await asyncio.sleep(0.02)
+    return call, running
+
+
+async def test_an_in_flight_call_finishes_and_is_recorded_after_the_stop(
+    sessions: Sessions,
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+) -> None:
+    call, running = await dispatch_slowly(
+        sessions, registry, http, sandbox.url, "send", "slow", "run-f"
+    )
     async with sessions() as session, session.begin():
         outcome = await stop_run(
             session, tenant="acme", run_id="run-f", actor=OPS, reason="", registry=registry
@@ -393,22 +403,9 @@ async def test_an_in_flight_call_that_succeeds_after_the_stop_is_compensated(
     sandbox: SandboxServer,
     http: httpx.AsyncClient,
 ) -> None:
-    await add_fault(sandbox.url, {"kind": "latency", "latencyMs": 600, "idempotencyKey": "late"})
-    call = await submit_call(
-        sessions, registry, "refund-undo", {"n": 7}, key="late", run_id="run-late"
+    call, running = await dispatch_slowly(
+        sessions, registry, http, sandbox.url, "refund-undo", "late", "run-late"
     )
-    executor = Executor(
-        sessions,
-        registry,
-        ProviderClient(http),
-        worker_id="w",
-        events_topic="tool-dispatcher.events",
-    )
-    running = asyncio.create_task(executor.execute(call))
-    for _ in range(100):
-        if (await call_row(sessions, call))["status"] == "dispatching":
-            break
-        await asyncio.sleep(0.02)
     async with sessions() as session, session.begin():
         outcome = await stop_run(
             session, tenant="acme", run_id="run-late", actor=OPS, reason="", registry=registry

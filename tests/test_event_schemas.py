@@ -80,12 +80,6 @@ def test_every_event_type_has_a_schema_and_asyncapi_names_them() -> None:
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[SandboxServer]:
-    async with SandboxServer() as server:
-        yield server
-
-
-@pytest.fixture
 def registry(sandbox: SandboxServer) -> CapabilityRegistry:
     url = sandbox.url
     caps = [

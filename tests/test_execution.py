@@ -34,12 +34,6 @@ MakeExecutor = Callable[..., Executor]
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[SandboxServer]:
-    async with SandboxServer() as server:
-        yield server
-
-
-@pytest.fixture
 def registry(sandbox: SandboxServer) -> CapabilityRegistry:
     unused = f"http://127.0.0.1:{free_port()}"
     return registry_of(

@@ -38,12 +38,6 @@ Sessions = async_sessionmaker[AsyncSession]
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[SandboxServer]:
-    async with SandboxServer() as server:
-        yield server
-
-
-@pytest.fixture
 def registry(sandbox: SandboxServer) -> CapabilityRegistry:
     return registry_of(
         capability("refund", sandbox.url), capability("lookup", sandbox.url, side_effects=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,12 +29,6 @@ DROPPED = range(100)  # 10%: the effect happens, the response is lost
 THROTTLED = range(100, 125)  # 2.5%: 503 with Retry-After, nothing applied
 FAILED_5XX = range(125, 150)  # 2.5%: 503 without Retry-After, no definitive answer
 SETTLED_OR_UNKNOWN = {"completed", "failed", "result_unknown"}
-
-
-@pytest.fixture
-async def sandbox() -> AsyncIterator[SandboxServer]:
-    async with SandboxServer() as server:
-        yield server
 
 
 @pytest.fixture

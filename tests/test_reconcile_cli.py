@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,12 +19,6 @@ from tests.reconcile_support import create_at_sandbox, insert_unknown_calls
 from tests.test_cli import REPO, run_cli
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-async def sandbox() -> AsyncIterator[SandboxServer]:
-    async with SandboxServer() as server:
-        yield server
 
 
 def capabilities_file(tmp_path: Path, base: str) -> Path:

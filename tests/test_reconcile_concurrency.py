@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -25,12 +24,6 @@ from tests.reconcile_support import (
 
 pytestmark = pytest.mark.postgres
 CALLS = 1000
-
-
-@pytest.fixture
-async def sandbox() -> AsyncIterator[SandboxServer]:
-    async with SandboxServer() as server:
-        yield server
 
 
 @pytest.fixture

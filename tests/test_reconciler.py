@@ -38,12 +38,6 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[SandboxServer]:
-    async with SandboxServer() as server:
-        yield server
-
-
-@pytest.fixture
 def registry(sandbox: SandboxServer) -> CapabilityRegistry:
     url = sandbox.url
     return registry_of(

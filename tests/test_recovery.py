@@ -35,12 +35,6 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[SandboxServer]:
-    async with SandboxServer() as server:
-        yield server
-
-
-@pytest.fixture
 def registry(sandbox: SandboxServer) -> CapabilityRegistry:
     return registry_of(
         capability("refund", sandbox.url), capability("lookup", sandbox.url, side_effects=False)

@@ -4,7 +4,7 @@ three-way rule decides what happens to the call (real PostgreSQL, broker, sandbo
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,12 +16,6 @@ from tests.dispatch_support import books, call_row, event_types, submit_call
 from tests.stack_support import ProcessStack, eventually, exited
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.slow]
-
-
-@pytest.fixture
-async def sandbox() -> AsyncIterator[SandboxServer]:
-    async with SandboxServer() as server:
-        yield server
 
 
 @pytest.fixture

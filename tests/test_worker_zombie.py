@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,12 +18,6 @@ from tests.dispatch_support import add_fault, books, call_row, event_types, subm
 from tests.stack_support import ProcessStack, eventually
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.slow]
-
-
-@pytest.fixture
-async def sandbox() -> AsyncIterator[SandboxServer]:
-    async with SandboxServer() as server:
-        yield server
 
 
 @pytest.fixture
