@@ -10,7 +10,6 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import ASGIApp
@@ -18,6 +17,7 @@ from starlette.types import ASGIApp
 from dispatcher.api import problems
 from dispatcher.api.approvals import add_approval_routes
 from dispatcher.api.auth import ApiKeyAuth
+from dispatcher.api.bodies import parse_body
 from dispatcher.api.escalations import add_escalation_routes
 from dispatcher.api.middleware import BodyLimit, RequestTiming
 from dispatcher.api.runs import add_run_routes
@@ -75,16 +75,7 @@ def create_app(
     async def submit_tool_call(request: Request) -> Response:
         principal = auth.authenticate(request)
         principal.require("submit")
-        try:
-            body = SubmitRequest.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise ValidationFailed(
-                "the tool call is not valid",
-                errors=[
-                    {"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
-                    for e in exc.errors(include_url=False, include_input=False)
-                ],
-            ) from None
+        body = parse_body(SubmitRequest, await request.body(), "tool call")
         submission = await state["batcher"].submit(body, principal.tenant, principal.identity)
         INTAKE_SUBMISSIONS.labels("created" if submission.created else "replayed").inc()
         view: ToolCallView = submission.view

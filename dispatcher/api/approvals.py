@@ -10,20 +10,14 @@ from fastapi import FastAPI, Query, Request, Response
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher import approvals
-from dispatcher.api.auth import ApiKeyAuth, Principal
+from dispatcher.api.auth import ApiKeyAuth
 from dispatcher.api.bodies import parse_body
 from dispatcher.approvals import ApprovalStatus, DecisionRequest
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.escalations import Actor
 from dispatcher.settings import Settings
 
 JSON = "application/json"
 Sessions = Callable[[], async_sessionmaker[AsyncSession]]
-
-
-def actor_of(principal: Principal) -> Actor:
-    """The API key as the actor of a command."""
-    return Actor(principal.identity, principal.tenant, "api")
 
 
 def add_approval_routes(
@@ -60,7 +54,7 @@ def add_approval_routes(
                 session,
                 approval_id,
                 body,
-                actor=actor_of(principal),
+                actor=principal.actor(),
                 scopes=principal.scopes,
                 tenant=principal.tenant,
                 registry=registry,

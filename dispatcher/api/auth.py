@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from dispatcher.errors import Forbidden, Unauthenticated
+from dispatcher.escalations import Actor
 from dispatcher.settings import ApiKey, Scope, hash_api_key
 
 
@@ -26,6 +27,10 @@ class Principal:
     def identity(self) -> str:
         """Who acted, as recorded on approvals, stops and retries."""
         return self.name or f"key:{self.key_id}"
+
+    def actor(self) -> Actor:
+        """This key as the actor of a command (approvals, stops, retries, escalations)."""
+        return Actor(self.identity, self.tenant, "api")
 
     def require(self, scope: Scope) -> None:
         if scope not in self.scopes:

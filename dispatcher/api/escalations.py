@@ -8,21 +8,16 @@ from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import FastAPI, Query, Request, Response
-from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher import escalations
-from dispatcher.api.auth import ApiKeyAuth, Principal
-from dispatcher.errors import ValidationFailed
-from dispatcher.escalations import Actor, EscalationStatus, ResolveRequest
+from dispatcher.api.auth import ApiKeyAuth
+from dispatcher.api.bodies import parse_body
+from dispatcher.escalations import EscalationStatus, ResolveRequest
 from dispatcher.settings import Settings
 
 JSON = "application/json"
 Sessions = Callable[[], async_sessionmaker[AsyncSession]]
-
-
-def _actor(principal: Principal) -> Actor:
-    return Actor(principal.name or "api-key", principal.tenant, "api")
 
 
 def add_escalation_routes(
@@ -54,7 +49,7 @@ def add_escalation_routes(
             view = await escalations.acknowledge(
                 session,
                 escalation_id,
-                actor=_actor(principal),
+                actor=principal.actor(),
                 tenant=principal.tenant,
                 events_topic=settings.events_topic,
             )
@@ -64,23 +59,14 @@ def add_escalation_routes(
     async def resolve(escalation_id: str, request: Request) -> Response:
         principal = auth.authenticate(request)
         principal.require("operate")
-        try:
-            body = ResolveRequest.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise ValidationFailed(
-                "the resolution is not valid",
-                errors=[
-                    {"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
-                    for e in exc.errors(include_url=False, include_input=False)
-                ],
-            ) from None
+        body = parse_body(ResolveRequest, await request.body(), "resolution")
         async with sessions()() as session, session.begin():
             view = await escalations.resolve(
                 session,
                 escalation_id,
                 finding=body.finding,
                 reason=body.reason,
-                actor=_actor(principal),
+                actor=principal.actor(),
                 tenant=principal.tenant,
                 events_topic=settings.events_topic,
                 escalations_topic=settings.escalations_topic,

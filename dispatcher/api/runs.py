@@ -8,7 +8,7 @@ import json
 from fastapi import FastAPI, Request, Response
 
 from dispatcher import control, runs
-from dispatcher.api.approvals import Sessions, actor_of
+from dispatcher.api.approvals import Sessions
 from dispatcher.api.auth import ApiKeyAuth
 from dispatcher.api.bodies import parse_body
 from dispatcher.capabilities import CapabilityRegistry
@@ -48,7 +48,7 @@ def add_run_routes(
                 session,
                 tenant=principal.tenant,
                 run_id=run_id,
-                actor=actor_of(principal),
+                actor=principal.actor(),
                 reason=body.reason,
                 registry=registry,
                 events_topic=settings.events_topic,
@@ -66,7 +66,7 @@ def add_run_routes(
                 tool_call_id,
                 body,
                 tenant=principal.tenant,
-                actor=actor_of(principal),
+                actor=principal.actor(),
                 dispatch_topic=settings.dispatch_topic,
                 events_topic=settings.events_topic,
             )
