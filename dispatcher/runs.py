@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.compensation import request_compensation
-from dispatcher.errors import CapabilityNotFound, RunStopped
+from dispatcher.errors import CapabilityNotFound
 from dispatcher.escalations import Actor
 from dispatcher.events import DEFAULT_EVENTS_TOPIC, EventType, record_events, run_event_row
 from dispatcher.states import ExecutionStatus as S
@@ -109,20 +109,6 @@ async def lock_run(session: AsyncSession, tenant: str, run_id: str) -> bool:
         )
     ).scalar_one()
     return stopped_at is not None
-
-
-async def ensure_not_stopped(session: AsyncSession, tenant: str, run_id: str) -> None:
-    """:func:`lock_run`, raising :class:`RunStopped` for a stopped run."""
-    if await lock_run(session, tenant, run_id):
-        raise RunStopped(run_id)
-
-
-async def get_run(session: AsyncSession, tenant: str, run_id: str) -> RunRecord | None:
-    """The run's row, or None if the run never had a call nor a stop."""
-    row = (
-        await session.execute(select(runs).where(runs.c.tenant == tenant, runs.c.run_id == run_id))
-    ).first()
-    return None if row is None else RunRecord.of(row._mapping)
 
 
 async def stop_run(
