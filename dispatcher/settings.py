@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     # How soon the group notices a dead worker and hands its partitions over.
     kafka_session_timeout_ms: int = Field(default=10_000, ge=1000)
     recovery_interval_seconds: float = Field(default=2.0, gt=0)
+    # A call authorized this long without a dispatch command in flight lost it (a broker
+    # that forgot its messages): its command is written again (dispatcher.redrive).
+    redrive_after_seconds: float = Field(default=60.0, gt=0)
+    redrive_interval_seconds: float = Field(default=15.0, gt=0)
     # e.g. "after-send:3": SIGKILL at the 3rd pass of that point (crash tests only).
     crash_at: str | None = None
     # Provider credentials by capability id, added at send time only.

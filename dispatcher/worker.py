@@ -4,7 +4,8 @@ Each fetch is executed as one batch (one claim transaction, the requests in flig
 together, one record transaction: see :mod:`dispatcher.execution`), and its offsets
 are committed only after the database recorded the batch's outcomes; a command seen
 twice is dropped by the call's state (only an ``authorized`` call can be claimed).
-Every worker also runs the recovery sweep.
+Every worker also runs the recovery sweep and, less often, re-drives calls whose
+dispatch command the broker lost (:mod:`dispatcher.redrive`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dispatcher.execution import Executor
 from dispatcher.kafka_topics import ensure_topics
 from dispatcher.provider import ProviderClient
 from dispatcher.recovery import recover_expired
+from dispatcher.redrive import redrive_stale
 from dispatcher.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -180,6 +182,9 @@ async def _process(
 async def _sweep(
     settings: Settings, registry: CapabilityRegistry, sessions: Any, stop: asyncio.Event
 ) -> None:
+    loop = asyncio.get_running_loop()
+    next_redrive = loop.time() + settings.redrive_interval_seconds
+    known = {cap.id for cap in registry}
     while not stop.is_set():
         try:
             await recover_expired(
@@ -188,6 +193,14 @@ async def _sweep(
                 dispatch_topic=settings.dispatch_topic,
                 events_topic=settings.events_topic,
             )
+            if loop.time() >= next_redrive:
+                next_redrive = loop.time() + settings.redrive_interval_seconds
+                await redrive_stale(
+                    sessions,
+                    dispatch_topic=settings.dispatch_topic,
+                    older_than_seconds=settings.redrive_after_seconds,
+                    known_capabilities=known,
+                )
         except Exception:  # the sweep must outlive a database outage
             log.exception("recovery sweep failed; trying again")
         with contextlib.suppress(TimeoutError):
