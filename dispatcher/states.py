@@ -90,6 +90,10 @@ TERMINAL_STATES: frozenset[ExecutionStatus] = frozenset(
     {S.COMPLETED, S.FAILED, S.CONFIRMED, S.COMPENSATED, S.REJECTED, S.CANCELLED}
 )
 
+# What a waiter waits for: a final state, or one only a human moves on from (an
+# escalated call stays put until an operator resolves or retries it).
+SETTLED_STATES: frozenset[ExecutionStatus] = TERMINAL_STATES | {S.ESCALATED}
+
 
 def check_transition(current: ExecutionStatus, target: ExecutionStatus) -> None:
     """Raise :class:`IllegalTransition` unless the table allows ``current -> target``."""

@@ -3,7 +3,9 @@ approvals, control commands, escalations, health and metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -28,10 +30,14 @@ from dispatcher.intake import SubmitRequest
 from dispatcher.intake_batcher import IntakeBatcher
 from dispatcher.metrics import INTAKE_SUBMISSIONS
 from dispatcher.settings import Settings
+from dispatcher.states import SETTLED_STATES
 from dispatcher.tables import execution_events, tool_calls
 from dispatcher.views import EventView, ToolCallView
 
 JSON = "application/json"
+# A long-poll holds a request, not a connection to the database; the cap keeps it
+# below the idle timeouts of common proxies.
+MAX_WAIT_SECONDS = 20.0
 
 
 def _json(model_dump: str, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -86,22 +92,43 @@ def create_app(
         )
 
     @app.get("/v1/tool-calls/{tool_call_id}")
-    async def get_tool_call(tool_call_id: str, request: Request) -> Response:
+    async def get_tool_call(
+        tool_call_id: str,
+        request: Request,
+        wait_seconds: Annotated[
+            float,
+            Query(
+                alias="waitSeconds",
+                ge=0,
+                le=MAX_WAIT_SECONDS,
+                description="hold the answer until the call is settled, at most this long",
+            ),
+        ] = 0,
+    ) -> Response:
         principal = auth.authenticate(request)
         principal.require("read")
-        async with state["sessions"]() as session:
-            row = (
-                await session.execute(
-                    select(tool_calls).where(
-                        tool_calls.c.tool_call_id == tool_call_id,
-                        tool_calls.c.tenant == principal.tenant,
+        deadline = time.monotonic() + wait_seconds
+        pause = 0.02
+        while True:
+            async with state["sessions"]() as session:
+                row = (
+                    await session.execute(
+                        select(tool_calls).where(
+                            tool_calls.c.tool_call_id == tool_call_id,
+                            tool_calls.c.tenant == principal.tenant,
+                        )
                     )
-                )
-            ).first()
-        if row is None:
-            # Another tenant's call is reported exactly like a missing one.
-            raise ToolCallNotFound(tool_call_id)
-        return _json(ToolCallView.of(row._mapping).model_dump_json(by_alias=True))
+                ).first()
+            if row is None:
+                # Another tenant's call is reported exactly like a missing one.
+                raise ToolCallNotFound(tool_call_id)
+            left = deadline - time.monotonic()
+            if row.status in SETTLED_STATES or left <= 0:
+                return _json(ToolCallView.of(row._mapping).model_dump_json(by_alias=True))
+            # A cheap indexed read per pause, with no connection held while waiting;
+            # the pause grows so a long wait costs a few dozen reads, not thousands.
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, 0.5)
 
     @app.get("/v1/runs/{run_id}/events")
     async def run_events(
