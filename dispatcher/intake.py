@@ -42,7 +42,7 @@ from dispatcher.events import (
     event_message,
     event_row,
 )
-from dispatcher.intake_statement import INTAKE
+from dispatcher.intake_statement import write_intake
 from dispatcher.states import ExecutionStatus
 from dispatcher.tables import runs, tool_calls
 from dispatcher.views import ToolCallView
@@ -186,9 +186,9 @@ async def submit_many(
         for i in fresh:
             _plan_created(prepared[i], events, messages, approvals, dispatch_topic, events_topic)
         inserted = {
-            row.tool_call_id: row._mapping
-            for row in await session.execute(
-                INTAKE,
+            row["tool_call_id"]: row
+            for row in await write_intake(
+                session,
                 {
                     "calls": [prepared[i].values for i in fresh],
                     "events": events,

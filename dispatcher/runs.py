@@ -1,10 +1,12 @@
 """Runs and the stop command.
 
-A run's row in ``runs`` is created by its first intake and is the lock that orders a
-stop against everything that would put a call of the run on its way: intake and the
-approve / retry commands take it ``FOR KEY SHARE`` (they do not block each other), the
-stop takes it ``FOR UPDATE``. So a call is either refused (the stop committed first)
-or visible to the stop's cancelling statement, which runs after the lock is held.
+A stop is ordered against everything that would put a call of the run on its way by a
+transaction-scoped advisory lock named after the run: intake and the approve / retry
+commands take it shared (they do not block each other), the stop takes it exclusive.
+So a call is either refused (the stop committed first) or visible to the stop's
+cancelling statement, which runs after the lock is held. A lock rather than a row lock
+keeps intake from writing a ``runs`` row for every new run: the row is written only
+when a run is stopped.
 
 Stopping a run, in one transaction: ``stopped_at`` is set once (a second stop changes
 nothing), ``run.stopped`` is recorded, every call not yet dispatched (``proposed``,
@@ -23,7 +25,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, text, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -86,29 +89,21 @@ class StopOutcome:
         }
 
 
-async def _ensure_row(session: AsyncSession, tenant: str, run_id: str) -> None:
-    # A separate statement from the lock that follows: that one then sees the row
-    # even if another transaction created it after this transaction began.
-    await session.execute(
-        pg_insert(runs).values(tenant=tenant, run_id=run_id).on_conflict_do_nothing()
-    )
+# Both functions are in migration 0005, which says how the lock is keyed.
+_LOCK_SHARED = text("SELECT stopped_at FROM stopped_runs_locked(:wanted)").bindparams(
+    bindparam("wanted", type_=JSONB)
+)
+_LOCK_EXCLUSIVE = text("SELECT lock_run_exclusive(:tenant, :run_id)")
 
 
 async def lock_run(session: AsyncSession, tenant: str, run_id: str) -> bool:
-    """Lock the run ``FOR KEY SHARE`` until the caller commits; True if it is stopped.
+    """Hold the run's lock shared until the caller commits; True if it is stopped.
 
     A stop that comes later waits for the caller, and then sees (and cancels) whatever
     the caller queued. Take it before any row lock of the run's calls or approvals:
     the stop takes the run first too, so the two can never wait for each other."""
-    await _ensure_row(session, tenant, run_id)
-    stopped_at = (
-        await session.execute(
-            select(runs.c.stopped_at)
-            .where(runs.c.tenant == tenant, runs.c.run_id == run_id)
-            .with_for_update(key_share=True)
-        )
-    ).scalar_one()
-    return stopped_at is not None
+    wanted = [{"tenant": tenant, "run_id": run_id}]
+    return (await session.execute(_LOCK_SHARED, {"wanted": wanted})).first() is not None
 
 
 async def stop_run(
@@ -123,9 +118,12 @@ async def stop_run(
 ) -> StopOutcome:
     """Stop the run in the caller's transaction (see the module docstring). A run
     nobody has heard of yet can be stopped too: its calls will be refused."""
-    await _ensure_row(session, tenant, run_id)
+    await session.execute(_LOCK_EXCLUSIVE, {"tenant": tenant, "run_id": run_id})
+    await session.execute(
+        pg_insert(runs).values(tenant=tenant, run_id=run_id).on_conflict_do_nothing()
+    )
     where = (runs.c.tenant == tenant, runs.c.run_id == run_id)
-    current = (await session.execute(select(runs).where(*where).with_for_update())).one()
+    current = (await session.execute(select(runs).where(*where))).one()
     if current.stopped_at is not None:
         return StopOutcome(RunRecord.of(current._mapping), already_stopped=True)
     stopped = (
