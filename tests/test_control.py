@@ -23,7 +23,7 @@ from dispatcher.runs import stop_run
 from dispatcher.sandbox import SandboxServer
 from dispatcher.settings import Settings
 from dispatcher.states import ExecutionStatus as S
-from dispatcher.tables import tool_calls
+from dispatcher.tables import runs, tool_calls
 from tests.api_support import bearer, running_api
 from tests.control_support import (
     ALICE,
@@ -165,6 +165,25 @@ async def test_stop_cancels_queued_calls_and_refuses_new_ones(
     view = (await api.get("/v1/runs/run-1", headers=bearer(OPERATOR))).json()
     assert view["stopped"] is True and view["canStop"] is False
     assert view["stopReason"] == "agent loops"
+
+
+async def test_only_a_stop_writes_a_runs_row(
+    sessions: Sessions, registry: CapabilityRegistry
+) -> None:
+    """Intake guards a run by its advisory lock alone: a row per new run is what cost
+    the library intake its throughput."""
+    for n in range(3):
+        await submit_call(sessions, registry, "send", {"n": n}, run_id=f"run-{n}")
+    async with sessions() as session:
+        assert (await session.execute(select(runs.c.run_id))).all() == []
+    async with sessions() as session, session.begin():
+        await stop_run(
+            session, tenant="acme", run_id="never-seen", actor=OPS, reason="", registry=registry
+        )
+    async with sessions() as session:
+        assert (await session.execute(select(runs.c.run_id))).scalars().all() == ["never-seen"]
+    with pytest.raises(RunStopped):
+        await submit_call(sessions, registry, "send", {"n": 9}, run_id="never-seen")
 
 
 async def test_a_submission_committing_before_the_stop_is_cancelled_by_it(
