@@ -1,0 +1,1 @@
+"""Worked examples of using tool-dispatcher (not part of the installed packages)."""

@@ -1,0 +1,5 @@
+import sys
+
+from examples.agent_harness.agent import main
+
+sys.exit(main())
