@@ -229,3 +229,15 @@ def test_unknown_codes_and_non_problem_answers_are_api_errors() -> None:
     assert unknown.extra == {"runId": "r"}
     assert isinstance(opaque, ApiError)
     assert (opaque.status, opaque.code) == (502, "http_error")
+
+
+def test_client_surface() -> None:
+    import dispatcher.client
+
+    assert sorted(dispatcher.client.__all__) == [
+        "ApiError",
+        "DispatcherClient",
+        "StopResult",
+        "SyncDispatcherClient",
+        "WaitTimedOut",
+    ]
