@@ -45,6 +45,19 @@ def test_save_then_load_round_trips_and_leaves_no_temporary_file(tmp_path: Path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json"]
 
 
+def test_a_save_that_dies_midway_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    save_checkpoint(path, a_checkpoint())
+    broken = a_checkpoint()
+    # json.dump has written part of the file when it meets what it cannot encode.
+    broken.messages = [{"role": "user", "content": "x" * 10_000}, {"bad": object()}]
+
+    with pytest.raises(TypeError):
+        save_checkpoint(path, broken)
+
+    assert load_checkpoint(path) == a_checkpoint()
+
+
 @pytest.mark.parametrize(
     ("text", "says"),
     [

@@ -187,6 +187,20 @@ async def test_approve_reject_stop_and_retry(
     assert (await client.wait("tc-big", within=30)).status == "completed"
 
 
+async def test_retry_a_failed_call(
+    client: DispatcherClient, base_url: str, executor: Executor
+) -> None:
+    await client.submit(send("tc-fails", input={"simulate": "fail"}))
+    await executor.execute("tc-fails")
+    assert (await client.wait("tc-fails", within=30)).status == "failed"
+
+    async with DispatcherClient(base_url, OPERATOR) as operator:
+        retried = await operator.retry("tc-fails", "provider fixed")
+
+    assert retried.status == "authorized"
+    assert retried.idempotency_key == "tc-fails"
+
+
 async def approvals(base_url: str) -> list[dict[str, Any]]:
     async with httpx.AsyncClient() as http:
         response = await http.get(
