@@ -161,7 +161,7 @@ async def test_a_read_only_call_without_an_outcome_is_run_again(
     notes = f"{run_id}.toolu_01"
     # The first read is slow enough to be still in flight when --resume asks about it.
     await harness.add_fault(
-        {"kind": "latency", "latencyMs": 4000, "times": 1, "idempotencyKey": notes}
+        {"kind": "latency", "latencyMs": 6000, "times": 1, "idempotencyKey": notes}
     )
     code, _, _ = await harness.run(tmp_path, "--run-id", run_id, crash="after-submit:1")
     assert code == 137
