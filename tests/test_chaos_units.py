@@ -1,0 +1,234 @@
+"""The chaos harness's pure parts: the seeded fault plan and the invariant checker
+(fed planted violations), plus its TCP proxy against a real socket server."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from dispatcher.chaos.checker import CallRecord, Evidence, check
+from dispatcher.chaos.proxy import ProxyMode, TcpProxy
+from dispatcher.chaos.schedule import FaultKind, applicable, plan
+from dispatcher.states import ExecutionStatus as S
+from dispatcher.states import VerificationStatus as V
+from dispatcher.views import EventView
+
+
+def test_plan_is_a_function_of_the_seed() -> None:
+    first = plan(7, 90, owns_database=True, owns_broker=True)
+    assert first == plan(7, 90, owns_database=True, owns_broker=True)
+    assert first != plan(8, 90, owns_database=True, owns_broker=True)
+
+
+def test_plan_deals_every_kind_and_lifts_each_before_the_end() -> None:
+    faults = plan(7, 90, owns_database=True, owns_broker=True)
+    assert {f.kind for f in faults} == set(FaultKind)
+    assert all(f.at + f.seconds < 90 for f in faults)
+    assert [f.at for f in faults] == sorted(f.at for f in faults)
+    zombies = [f for f in faults if f.kind is FaultKind.ZOMBIE]
+    # Past the lease (about 7 s) and the broker's session timeout (6 s).
+    assert all(f.seconds > 7 for f in zombies)
+
+
+def test_borrowed_servers_are_never_restarted() -> None:
+    kinds = {f.kind for f in plan(3, 600, owns_database=False, owns_broker=False)}
+    assert FaultKind.DB_RESTART not in kinds
+    assert FaultKind.BROKER_RESTART not in kinds
+    assert FaultKind.PG_TERMINATE in kinds
+    assert len(applicable(owns_database=False, owns_broker=False)) == len(FaultKind) - 2
+
+
+def test_lead_fault_comes_first() -> None:
+    faults = plan(
+        1, 20, owns_database=True, owns_broker=True, lead=FaultKind.PROVIDER_DROP_AFTER_APPLY
+    )
+    assert faults[0].kind is FaultKind.PROVIDER_DROP_AFTER_APPLY
+    assert faults[0].times > 0
+
+
+T = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def event(call: str, event_type: str, n: int, **payload: Any) -> tuple[str, EventView]:
+    return "t", EventView(
+        event_id=f"{call}-{n}",
+        event_type=event_type,
+        run_id="run-1",
+        turn_id=None,
+        producer="test",
+        reasoning_object_id=None,
+        capability_id="refund",
+        correlation_id=None,
+        causation_id=None,
+        tool_call_id=call,
+        schema_version=1,
+        occurred_at=T,
+        payload=payload,
+    )
+
+
+def completed_log(call: str) -> list[tuple[str, EventView]]:
+    return [
+        event(call, "tool.call.requested", 0),
+        event(call, "tool.call.authorized", 1),
+        event(call, "tool.call.dispatching", 2, to="dispatching"),
+        event(call, "tool.call.completed", 3, to="completed"),
+    ]
+
+
+def call(
+    call_id: str, status: S, verification: V = V.CONFIRMED_SUCCESS, *, side_effects: bool = True
+) -> CallRecord:
+    return CallRecord(call_id, "t", "run-1", status, verification, f"k-{call_id}", side_effects)
+
+
+def clean() -> Evidence:
+    return Evidence(
+        acknowledged=["a"],
+        replay_mismatches=[],
+        calls={"a": call("a", S.COMPLETED)},
+        events=completed_log("a"),
+        effects={"k-a": 1},
+        reversals={},
+    )
+
+
+def counts(evidence: Evidence) -> dict[int, int]:
+    return {n: len(v) for n, v in check(evidence).items()}
+
+
+def test_a_clean_run_has_no_violations() -> None:
+    assert counts(clean()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0}
+
+
+def test_lost_submission_and_replay_mismatch_violate_1() -> None:
+    evidence = clean()
+    evidence.acknowledged = ["a", "lost"]
+    evidence.replay_mismatches = ["a answered 201 b"]
+    assert counts(evidence)[1] == 2
+
+
+def test_stuck_calls_violate_2() -> None:
+    evidence = clean()
+    evidence.calls = {"a": call("a", S.RESULT_UNKNOWN)}
+    evidence.events = [*completed_log("a")[:3], event("a", "x", 9, to="result_unknown")]
+    evidence.effects = {}
+    assert counts(evidence) == {1: 0, 2: 1, 3: 0, 4: 0, 5: 0}
+
+
+@pytest.mark.parametrize(
+    ("status", "verification", "effects", "reversals"),
+    [
+        (S.COMPLETED, V.CONFIRMED_SUCCESS, 2, 0),  # applied twice
+        (S.COMPLETED, V.CONFIRMED_SUCCESS, 0, 0),  # success that never happened
+        (S.CONFIRMED, V.CONFIRMED_FAILURE, 1, 0),  # "failed" yet applied
+        (S.FAILED, V.CONFIRMED_FAILURE, 1, 0),
+        (S.COMPENSATED, V.CONFIRMED_SUCCESS, 1, 0),  # compensated without a reversal
+        (S.COMPLETED, V.CONFIRMED_SUCCESS, 1, 1),  # reversed but not compensated
+    ],
+)
+def test_effects_that_disagree_with_the_status_violate_3(
+    status: S, verification: V, effects: int, reversals: int
+) -> None:
+    evidence = clean()
+    evidence.calls = {"a": call("a", status, verification)}
+    evidence.events = [*completed_log("a")[:3], event("a", "x", 9, to=status.value)]
+    evidence.effects = {"k-a": effects}
+    evidence.reversals = {"k-a": reversals}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 1, 4: 0, 5: 0}
+
+
+def test_effect_under_a_key_no_call_has_violates_3() -> None:
+    """What a blind retry under a fresh key leaves behind."""
+    evidence = clean()
+    evidence.effects = {"k-a": 1, "k-a#blind-1": 1}
+    assert counts(evidence)[3] == 1
+
+
+def test_read_only_calls_are_only_checked_for_duplicates() -> None:
+    evidence = clean()
+    evidence.calls = {"a": call("a", S.FAILED, V.NOT_OBSERVED, side_effects=False)}
+    evidence.events = [*completed_log("a")[:3], event("a", "x", 9, to="failed")]
+    assert counts(evidence)[3] == 0
+    evidence.effects = {"k-a": 2}
+    assert counts(evidence)[3] == 1
+
+
+def test_status_the_log_does_not_reproduce_violates_4() -> None:
+    evidence = clean()
+    evidence.events = completed_log("a")[:3]
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 1, 5: 0}
+
+
+def test_unpublished_rows_and_dead_letters_violate_5() -> None:
+    evidence = clean()
+    evidence.unpublished = 3
+    evidence.dead_letters = ["row 9 key a: too large"]
+    assert counts(evidence)[5] == 2
+
+
+async def echo_server() -> asyncio.Server:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1024):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(echo, "127.0.0.1", 0)
+
+
+async def test_proxy_passes_stalls_and_cuts() -> None:
+    server = await echo_server()
+    proxy = TcpProxy("127.0.0.1", server.sockets[0].getsockname()[1])
+    await proxy.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"ping")
+        assert await reader.readexactly(4) == b"ping"
+
+        proxy.set_mode(ProxyMode.STALL)
+        writer.write(b"held")
+        read = asyncio.ensure_future(reader.readexactly(4))
+        done, _ = await asyncio.wait([read], timeout=0.3)
+        assert not done  # nothing gets through while stalled
+        proxy.set_mode(ProxyMode.PASS)
+        assert await read == b"held"  # ... and it arrives once the stall ends
+
+        proxy.set_mode(ProxyMode.CUT)
+        with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+            await reader.readexactly(1)
+        writer.close()
+        new_reader, new_writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+            await new_reader.readexactly(1)  # refused while cut
+        new_writer.close()
+    finally:
+        await proxy.stop()
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--duration", "-1", "--seed", "1"],
+        ["--duration", "10"],
+        ["--duration", "10", "--seed", "x"],
+        ["--duration", "10", "--seed", "1", "--plant", "nonsense"],
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(args: list[str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "dispatcher.cli", "chaos", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
