@@ -15,11 +15,12 @@ import httpx
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from dispatcher.recovery import PRODUCER as RECOVERY
 from dispatcher.run_view import fold_run
 from dispatcher.states import SETTLED_STATES
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import VerificationStatus as V
-from dispatcher.tables import execution_events, outbox, tool_calls
+from dispatcher.tables import escalations, execution_events, outbox, tool_calls
 from dispatcher.views import EventView
 
 INVARIANTS: dict[int, str] = {
@@ -61,6 +62,9 @@ class Evidence:
     unpublished: int = 0
     dead_letters: Sequence[str] = field(default_factory=list)
     commands_reemitted: int = 0
+    taken_over: int = 0
+    """Calls the recovery sweep took from a worker lost between claim and outcome."""
+    escalation_reasons: Mapping[str, int] = field(default_factory=dict)
     """Dispatch commands beyond each call's first (re-drives, read-only re-dispatches)."""
 
 
@@ -206,6 +210,19 @@ async def gather(
                 )
             )
         ]
+        taken_over = (
+            await conn.execute(
+                select(func.count(func.distinct(execution_events.c.tool_call_id))).where(
+                    execution_events.c.producer == RECOVERY
+                )
+            )
+        ).scalar_one()
+        reasons = {
+            r.reason: int(r.n)
+            for r in await conn.execute(
+                select(escalations.c.reason, func.count().label("n")).group_by(escalations.c.reason)
+            )
+        }
         commands = (
             await conn.execute(
                 select(func.count()).select_from(outbox).where(outbox.c.topic == dispatch_topic)
@@ -225,4 +242,6 @@ async def gather(
         unpublished=int(unpublished),
         dead_letters=dead,
         commands_reemitted=int(commands) - len(calls),
+        taken_over=int(taken_over),
+        escalation_reasons=reasons,
     )

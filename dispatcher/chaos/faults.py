@@ -29,6 +29,7 @@ _PROVIDER_RULES: dict[FaultKind, dict[str, Any]] = {
     FaultKind.PROVIDER_TIMEOUT: {"kind": "timeout", "apply": True},
     FaultKind.PROVIDER_DROP_AFTER_APPLY: {"kind": "drop_after_apply"},
 }
+ZOMBIE_BAIT = {"kind": "latency", "latencyMs": 1500, "path": REQUESTS, "method": "POST"}
 _PROXY_MODES = {
     FaultKind.PROXY_STALL: ProxyMode.STALL,
     FaultKind.PROXY_CUT: ProxyMode.CUT,
@@ -67,6 +68,10 @@ class Injector:
         if kind is FaultKind.ZOMBIE:
             workers = self.supervisor.of_role("worker")
             victim = workers[fault.target % len(workers)].name
+            # Slow answers for a moment, so the worker is caught with requests in
+            # flight: the case where fencing matters.
+            await self._sandbox("POST", "/v1/faults", {**ZOMBIE_BAIT, "times": 8})
+            await asyncio.sleep(0.5)
             if self.supervisor.pause(victim):
                 self._later(fault.seconds, self._resume(victim))
             return victim

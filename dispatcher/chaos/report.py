@@ -34,6 +34,10 @@ class ChaosReport:
     wall_seconds: float
     effects_applied: int = 0
     commands_reemitted: int = 0
+    taken_over: int = 0
+    fenced: int = 0
+    escalation_reasons: dict[str, int] = field(default_factory=dict)
+    """Outcomes a stalled worker came back with and could not record (lease lost)."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -78,6 +82,9 @@ class ChaosReport:
             f"provider effects applied: {self.effects_applied}",
             f"dispatch commands written again (re-drive, read-only re-dispatch): "
             f"{self.commands_reemitted}",
+            f"escalations by reason: {_pairs(self.escalation_reasons) or 'none'}",
+            f"calls taken over from lost workers: {self.taken_over}; outcomes fenced off "
+            f"(a zombie's, after its lease was lost): {self.fenced}",
             f"faults injected: {sum(self.faults.values())}",
         ]
         lines += [f"  {kind:<28} {n}" for kind, n in sorted(self.faults.items())]

@@ -64,8 +64,10 @@ def capabilities_toml(proxy_url: str, sandbox_url: str) -> str:
         f'url = "{sandbox_url}/v1/requests?idempotencyKey={{idempotencyKey}}" }}\n'
         f'compensation = {{ method = "POST", url = "{by_id}/reverse" }}\n'
         "retry = { maxAttempts = 3, initialBackoffSeconds = 0.05, maxBackoffSeconds = 0.2 }\n"
-        "reconcile = { maxAttempts = 12, initialDelaySeconds = 0.5, maxDelaySeconds = 2, "
-        'onNotFound = "redispatch", maxRedispatches = 3 }\n'
+        # Re-sends spread over longer than the longest wire fault (6 s), so one stall
+        # does not use them all up.
+        "reconcile = { maxAttempts = 12, initialDelaySeconds = 0.5, maxDelaySeconds = 3, "
+        'onNotFound = "redispatch", maxRedispatches = 4 }\n'
     )
     side_effects = (
         'sideEffects = true\nonRunStopped = "compensate"\n'
@@ -242,6 +244,9 @@ async def _run(
             wall_seconds=time.monotonic() - started,
             effects_applied=sum(evidence.effects.values()),
             commands_reemitted=evidence.commands_reemitted,
+            taken_over=evidence.taken_over,
+            escalation_reasons=dict(evidence.escalation_reasons),
+            fenced=_count_in_logs(work / "logs", "worker-", "not recorded: lease lost"),
         )
     finally:
         if watcher is not None:
@@ -249,6 +254,12 @@ async def _run(
         await asyncio.to_thread(supervisor.stop_all)
         await proxy.stop()
         await engine.dispose()
+
+
+def _count_in_logs(logs: Path, prefix: str, needle: str) -> int:
+    return sum(
+        path.read_text(errors="replace").count(needle) for path in logs.glob(f"{prefix}*.log")
+    )
 
 
 async def _ready(*urls: str, within: float = 60.0) -> None:
