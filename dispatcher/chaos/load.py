@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import random
 from collections import Counter
@@ -138,16 +139,14 @@ class Load:
             call_input["pendingLookups"] = 1
         else:
             kind, capability = "side_effects", SIDE_EFFECTS
-        body = httpx.Request(
-            "POST",
-            "/",
-            json={
+        body = json.dumps(
+            {
                 "runId": run_id,
                 "capabilityId": capability,
                 "correlationId": f"intent-{n}",
                 "input": call_input,
-            },
-        ).content.decode()
+            }
+        )
         self.stats.attempted += 1
         self.stats.by_kind[kind] += 1
         answer = await self._post(body)
@@ -158,11 +157,12 @@ class Load:
         self.stats.replays += 1
         self.stats.by_kind["replay"] += 1
         answer = await self._post(original.body)
-        if answer is None or (answer[0] >= 300 and answer[0] != 409):
-            return  # no answer, or the API refused for now: nothing was promised
+        if answer is None or answer[0] >= 300:
+            # No answer, or a refusal (the API is down, the run was stopped since):
+            # nothing new was promised.
+            return
         status, tool_call_id = answer
-        # 409 run_stopped is a refusal of a run stopped since; it promises nothing new.
-        if status != 409 and (status != 200 or tool_call_id != original.tool_call_id):
+        if status != 200 or tool_call_id != original.tool_call_id:
             self.stats.replay_mismatches.append(
                 ReplayMismatch(original.tool_call_id, tool_call_id, status)
             )

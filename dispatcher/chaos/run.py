@@ -24,7 +24,7 @@ from dispatcher.chaos.infra import Infrastructure, infrastructure
 from dispatcher.chaos.load import APPROVED, READ_ONLY, SIDE_EFFECTS, Load
 from dispatcher.chaos.proxy import TcpProxy
 from dispatcher.chaos.report import ChaosReport
-from dispatcher.chaos.schedule import FaultKind, plan
+from dispatcher.chaos.schedule import FaultKind, PlannedFault, plan
 from dispatcher.chaos.supervisor import Supervisor
 from dispatcher.db import engine_for
 from dispatcher.embedded import free_port
@@ -160,16 +160,7 @@ async def _run(
         topic_partitions=int(env["TOOL_DISPATCHER_TOPIC_PARTITIONS"]),
     )
     await ensure_topics(infra.topics)
-    supervisor = Supervisor(work / "logs", env)
-    cli = ["-m", "dispatcher.cli"]
-    supervisor.add("sandbox", "sandbox", [*cli, "sandbox", "--port", str(sandbox_port)])
-    supervisor.add("api", "api", [*cli, "serve"])
-    worker = ["-m", PLANTS[options.plant]] if options.plant else [*cli, "worker"]
-    for i in range(WORKERS):
-        supervisor.add(f"worker-{i}", "worker", worker)
-    for i in range(RELAYS):
-        supervisor.add(f"relay-{i}", "relay", [*cli, "relay"])
-    supervisor.add("reconciler", "reconciler", [*cli, "reconcile"])
+    supervisor = _supervisor(work / "logs", env, sandbox_port, options.plant)
     engine = engine_for(infra.database_url, pool_size=2)
     load = Load(f"http://127.0.0.1:{api_port}", api_key, seed=options.seed, rate=options.rate)
     injector = Injector(supervisor, infra, proxy, sandbox_url)
@@ -189,12 +180,7 @@ async def _run(
         stop_load, stop_approver = asyncio.Event(), asyncio.Event()
         submitting = asyncio.create_task(load.submit_until(stop_load))
         approving = asyncio.create_task(load.approve_until(stop_approver))
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        for fault in faults:
-            await asyncio.sleep(max(0.0, t0 + fault.at - loop.time()))
-            await injector.inject(fault, loop.time() - t0)
-        await asyncio.sleep(max(0.0, t0 + options.duration - loop.time()))
+        await _inject(injector, faults, options.duration)
         stop_load.set()
         await submitting
         await injector.lift_all()
@@ -254,6 +240,33 @@ async def _run(
         await asyncio.to_thread(supervisor.stop_all)
         await proxy.stop()
         await engine.dispose()
+
+
+def _supervisor(
+    logs: Path, env: dict[str, str], sandbox_port: int, plant: str | None
+) -> Supervisor:
+    """The run's processes: the sandbox, the API, workers, relays and the reconciler."""
+    supervisor = Supervisor(logs, env)
+    cli = ["-m", "dispatcher.cli"]
+    supervisor.add("sandbox", "sandbox", [*cli, "sandbox", "--port", str(sandbox_port)])
+    supervisor.add("api", "api", [*cli, "serve"])
+    worker = ["-m", PLANTS[plant]] if plant else [*cli, "worker"]
+    for i in range(WORKERS):
+        supervisor.add(f"worker-{i}", "worker", worker)
+    for i in range(RELAYS):
+        supervisor.add(f"relay-{i}", "relay", [*cli, "relay"])
+    supervisor.add("reconciler", "reconciler", [*cli, "reconcile"])
+    return supervisor
+
+
+async def _inject(injector: Injector, faults: list[PlannedFault], duration: float) -> None:
+    """The fault phase: each fault at its planned time, then wait out the duration."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for fault in faults:
+        await asyncio.sleep(max(0.0, t0 + fault.at - loop.time()))
+        await injector.inject(fault, loop.time() - t0)
+    await asyncio.sleep(max(0.0, t0 + duration - loop.time()))
 
 
 def _count_in_logs(logs: Path, prefix: str, needle: str) -> int:
