@@ -51,8 +51,8 @@ async def redrive_stale(
     """
     threshold = func.now() - timedelta(seconds=older_than_seconds)
     async with sessions() as session, session.begin():
-        # Without an index on status this reads the table; it runs once per
-        # redrive interval, not per command.
+        # ix_tool_calls_authorized_since holds only the calls waiting in authorized,
+        # oldest first, so this reads no more than it returns.
         candidates = (
             await session.execute(
                 select(tool_calls)

@@ -93,6 +93,12 @@ tool_calls = Table(
         "next_reconcile_at",
         postgresql_where=text("reconciliation_status = 'pending'"),
     ),
+    # The redrive sweep looks for calls authorized long ago (dispatcher.redrive).
+    Index(
+        "ix_tool_calls_authorized_since",
+        "updated_at",
+        postgresql_where=text("status = 'authorized'"),
+    ),
 )
 
 execution_events = Table(
