@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import logging
+import traceback
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy import exc as sa
 from starlette.exceptions import HTTPException
 
-from dispatcher.errors import DispatcherError
+from dispatcher.errors import DispatcherError, ServiceUnavailable
 from dispatcher.metrics import INTAKE_SUBMISSIONS
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,29 @@ def problem(status: int, code: str, title: str, detail: str, **extra: Any) -> JS
         **extra,
     }
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON)
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database could not be reached or used for now, as
+    opposed to a bug that retrying cannot fix (``ProgrammingError``, ``IntegrityError``,
+    ``DataError``: those stay 500)."""
+    if isinstance(exc, sa.DBAPIError):
+        # OperationalError covers refused and dropped connections, server shutdown,
+        # statement timeouts and serialization failures; InterfaceError a connection
+        # the driver already closed.
+        return exc.connection_invalidated or isinstance(
+            exc, (sa.OperationalError, sa.InterfaceError)
+        )
+    if isinstance(exc, (sa.DisconnectionError, sa.TimeoutError)):
+        return True  # sa.TimeoutError: no pooled connection came free in time
+    if isinstance(exc, OSError):  # builtins.TimeoutError is an OSError too
+        # Only when the pool or the driver raised it unwrapped; an OSError of the
+        # application's own (a file it reads) is a bug, not an outage.
+        return any(
+            str(frame.f_globals.get("__name__", "")).startswith(("sqlalchemy.", "psycopg"))
+            for frame, _ in traceback.walk_tb(exc.__traceback__)
+        )
+    return False
 
 
 def install(app: FastAPI) -> None:
@@ -65,6 +90,27 @@ def install(app: FastAPI) -> None:
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         code, title = _HTTP_CODES.get(exc.status_code, ("http_error", "HTTP error"))
         return problem(exc.status_code, code, title, str(exc.detail))
+
+    async def database_error(request: Request, exc: Exception) -> JSONResponse:
+        if not database_unavailable(exc):
+            raise exc  # a bug: on to ``unexpected`` and its 500
+        # The answer intake gives (dispatcher.intake_batcher), so a client has one rule:
+        # 503 service_unavailable is safe to retry. A warning without a traceback: an
+        # outage fails every request alike. The driver's message, which names hosts and
+        # ports, stays in the log.
+        log.warning(
+            "database unavailable on %s %s: %s",
+            request.method,
+            request.url.path,
+            (str(exc).splitlines() or [exc.__class__.__name__])[0],
+        )
+        unavailable = ServiceUnavailable("the database is not reachable; try again")
+        return problem(unavailable.status, unavailable.code, unavailable.title, unavailable.detail)
+
+    # Registered apart from ``unexpected``: Starlette re-raises whatever reaches the
+    # catch-all handler after answering, and the server then logs it as a crash.
+    for cls in (sa.DBAPIError, sa.DisconnectionError, sa.TimeoutError, OSError):
+        app.add_exception_handler(cls, database_error)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
