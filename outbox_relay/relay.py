@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -52,9 +53,9 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
-from tenacity import AsyncRetrying, RetryCallState, wait_exponential, wait_random
 
 from outbox_relay import metrics
+from outbox_relay.backoff import Backoff
 from outbox_relay.config import RelayConfig
 from outbox_relay.kafka import OutboxRow, TopicGate, build_producer, is_permanent, kafka_headers
 from outbox_relay.leases import LaneLeases
@@ -70,6 +71,11 @@ Connection = psycopg.AsyncConnection[TupleRow]
 
 class TransientPublishError(Exception):
     """Some rows could not be published for now; they stay unmarked and are retried."""
+
+    def __init__(self, message: str, *, published: int = 0) -> None:
+        super().__init__(message)
+        self.published = published
+        """Rows of the same batch that were published and marked anyway."""
 
 
 # What the relay survives by backing off and trying again: the broker or the
@@ -172,7 +178,8 @@ class Relay:
             self._gate.forget()
             row, error = result.failed[0]
             raise TransientPublishError(
-                f"{len(result.failed)} row(s) not acknowledged, first id {row.id}: {error}"
+                f"{len(result.failed)} row(s) not acknowledged, first id {row.id}: {error}",
+                published=len(result.published),
             )
         return BatchResult(len(rows), len(result.published), len(result.dead), 0)
 
@@ -194,40 +201,32 @@ class Relay:
             await asyncio.gather(*helpers, return_exceptions=True)
 
     async def _loop(self, stop: asyncio.Event) -> None:
-        async def sleep(seconds: float) -> None:
-            await sleep_unless(stop, seconds)
-
-        def should_retry(state: RetryCallState) -> bool:
-            exc = state.outcome.exception() if state.outcome else None
-            return isinstance(exc, TRANSIENT) and not stop.is_set()
-
-        retrying = AsyncRetrying(
-            retry=should_retry,
-            # Capped exponential backoff with a little jitter, so relays that lost the
-            # broker together do not all come back in the same millisecond.
-            wait=wait_exponential(
-                multiplier=self.config.backoff_initial, max=self.config.backoff_max
-            )
-            + wait_random(0, self.config.backoff_initial),
-            sleep=sleep,
-            before_sleep=_log_retry,
-            reraise=True,
-        )
-
-        async def cycle() -> BatchResult:
-            if stop.is_set():
-                return BatchResult()
-            return await self.run_once()
-
+        backoff = Backoff(self.config.backoff_initial, self.config.backoff_max)
         while not stop.is_set():
             # Cleared before the read: a row committed during the batch sets it again.
             self._wake.clear()
             try:
-                result: BatchResult = await retrying(cycle)
-            except TRANSIENT:
+                result = await self.run_once()
+            except TRANSIENT as exc:
                 if stop.is_set():
                     return
-                raise
+                # Progress means the broker takes writes again: try again soon rather
+                # than keep the wait an outage built up (see outbox_relay.backoff).
+                progress = isinstance(exc, TransientPublishError) and exc.published > 0
+                # A little jitter, so relays that lost the broker together do not all
+                # come back in the same millisecond (not a secret: S311 does not apply).
+                delay = backoff.after(progress=progress) + random.uniform(  # noqa: S311
+                    0, self.config.backoff_initial
+                )
+                log.warning(
+                    "relay batch failed (attempt %d since progress), retrying in %.2fs: %s",
+                    backoff.failures,
+                    delay,
+                    exc,
+                )
+                await sleep_unless(stop, delay)
+                continue
+            backoff.reset()
             if result.read >= self.config.batch_size:
                 continue
             await _wait_first(stop.wait(), self._wake.wait(), seconds=self.config.poll_interval)
@@ -370,14 +369,6 @@ class Relay:
             if self._blocked_seen.get(dead_id) != n:
                 log.warning("%d row(s) of key %r blocked behind dead letter id %d", n, key, dead_id)
         self._blocked_seen = seen
-
-
-def _log_retry(state: RetryCallState) -> None:
-    exc = state.outcome.exception() if state.outcome else None
-    delay = state.next_action.sleep if state.next_action else 0.0
-    log.warning(
-        "relay batch failed (attempt %d), retrying in %.2fs: %s", state.attempt_number, delay, exc
-    )
 
 
 async def _wait_first(*waits: Awaitable[Any], seconds: float) -> None:
