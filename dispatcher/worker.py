@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import OffsetAndMetadata
 
 from dispatcher.capabilities import CapabilityRegistry
@@ -174,9 +175,32 @@ async def _process(
             consumer.seek(tp, rs[0].offset)
         await asyncio.sleep(1.0)
         return
-    await consumer.commit(
-        {tp: OffsetAndMetadata(rs[-1].offset + 1, "") for tp, rs in batches.items()}
+    await _commit(
+        consumer, {tp: OffsetAndMetadata(rs[-1].offset + 1, "") for tp, rs in batches.items()}
     )
+
+
+async def _commit(
+    consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, OffsetAndMetadata]
+) -> None:
+    """Commit a recorded batch's offsets, unless the group rebalanced meanwhile.
+
+    A lost commit costs nothing: the outcomes are already in the database, so the
+    partitions' new owner is redelivered the batch's commands and drops them by the
+    calls' state. Exiting instead would only trigger another rebalance.
+    """
+    try:
+        await consumer.commit(offsets)
+    except CommitFailedError:
+        # The broker refused this member's stale generation (aiokafka reports
+        # RebalanceInProgress, IllegalGeneration and UnknownMemberId as this).
+        log.warning(
+            "offsets of a recorded batch not committed: the group rebalanced; "
+            "its commands will be redelivered and dropped by their state"
+        )
+    except IllegalStateError as exc:
+        # The rebalance already completed here and took (some of) the partitions away.
+        log.warning("offsets of a recorded batch not committed: %s", exc)
 
 
 async def _sweep(
