@@ -16,6 +16,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 from dispatcher.tables import tool_calls
 from dispatcher.views import ToolCallView
@@ -114,6 +115,10 @@ SELECT {", ".join(_RETURNED)} FROM calls"""  # noqa: S608 - constant text, every
 _INTAKE_SQL = str(INTAKE.compile(dialect=psycopg_dialect.dialect()))  # type: ignore[no-untyped-call]
 
 
+def _driver_connection(session: Session) -> Any:
+    return session.connection().connection.driver_connection
+
+
 async def write_intake(
     session: AsyncSession, rows: dict[str, list[dict[str, Any]]]
 ) -> list[dict[str, Any]]:
@@ -123,8 +128,8 @@ async def write_intake(
     execution and result layers: the same statement and transaction for about a sixth
     less CPU per call on the intake hot path (``python -m bench.intake``). Errors are
     raised as SQLAlchemy's, as from any other statement of the session."""
-    connection = await (await session.connection()).get_raw_connection()
-    driver: psycopg.AsyncConnection[Any] = connection.driver_connection  # type: ignore[assignment]
+    # One hop into SQLAlchemy's greenlet rather than two (connection, then raw).
+    driver: psycopg.AsyncConnection[Any] = await session.run_sync(_driver_connection)
     try:
         async with driver.cursor(row_factory=dict_row) as cursor:
             await cursor.execute(
