@@ -56,6 +56,11 @@ class ReconcilePolicy(_Model):
     # The provider has no record of the request: send it again with the same key, or
     # take the absence as the failure.
     on_not_found: Literal["redispatch", "confirm_failure"] = "redispatch"
+    # How long after it was dispatched a request may still reach the provider (held by
+    # a proxy, a queue, a retransmission). Until then "no record" proves nothing, so a
+    # call that must not be re-sent (onNotFound = "confirm_failure", or a stopped run's
+    # call awaiting compensation) is looked up again rather than settled as a failure.
+    in_flight_seconds: float = Field(default=30.0, ge=0)
     # The provider says the request failed: take it as the failure (the usual meaning),
     # or send it again with the same key (for providers whose failures are transient
     # and whose keys allow a retry).

@@ -11,8 +11,8 @@ times; past either limit it becomes ``escalate``)::
     partial effect       either                     compensate
     failed               no                         onFailed: confirm_failure | redispatch
     failed               yes                        confirm_failure
-    no record (404)      no                         onNotFound: redispatch | confirm_failure
-    no record (404)      yes                        confirm_failure (never re-sent)
+    no record (404)      no                         onNotFound: redispatch | confirm_failure*
+    no record (404)      yes                        confirm_failure* (never re-sent)
     no record, accepted  either                     retry  (the provider took it: keep asking)
     pending              either                     retry
     lookup failed        either                     retry  (timeout, 5xx, connection error)
@@ -20,7 +20,9 @@ times; past either limit it becomes ``escalate``)::
     cannot be looked up  either                     escalate (no provider id, and no lookup
                                                     by key or past the key's window)
 
-``compensate`` without a compensation endpoint is ``escalate``. ``retry`` becomes
+``*``: only once ``inFlightSeconds`` have passed since the dispatch; before that the
+request may still arrive, so the answer is ``retry``. ``compensate`` without a
+compensation endpoint is ``escalate``. ``retry`` becomes
 ``escalate`` (verification ``inconclusive``) once the capability's ``maxAttempts``
 lookups are spent or its ``deadlineSeconds`` passed.
 """
@@ -98,13 +100,19 @@ def decide(seen: Observation, situation: Situation, policy: ReconcilePolicy) -> 
             return _redispatch(situation, policy, "the provider reports failure")
         return Verdict(Decision.CONFIRM_FAILURE, "the provider reports failure")
     if seen is Observation.NOT_FOUND and situation.status is S.RESULT_UNKNOWN:
-        if situation.compensation_requested:
-            return Verdict(
-                Decision.CONFIRM_FAILURE,
-                "the provider has no record and compensation was requested: not re-sent",
+        if situation.compensation_requested or policy.on_not_found == "confirm_failure":
+            why = "the provider has no record" + (
+                " and compensation was requested: not re-sent"
+                if situation.compensation_requested
+                else ""
             )
-        if policy.on_not_found == "confirm_failure":
-            return Verdict(Decision.CONFIRM_FAILURE, "the provider has no record")
+            if situation.age_seconds < policy.in_flight_seconds:
+                # A stalled request can still land after this lookup; taking the
+                # absence as the failure now would record a guess.
+                return retry_or_escalate(
+                    situation, policy, f"{why} yet, and the request may still arrive"
+                )
+            return Verdict(Decision.CONFIRM_FAILURE, why)
         return _redispatch(situation, policy, "the provider has no record")
     if seen is Observation.UNKNOWABLE:
         return Verdict(Decision.ESCALATE, "the provider cannot be asked about this request")

@@ -19,6 +19,11 @@ FRESH = Situation(S.RESULT_UNKNOWN, attempts=0, redispatches=0, age_seconds=5)
 STOPPED = Situation(
     S.RESULT_UNKNOWN, attempts=0, redispatches=0, age_seconds=5, compensation_requested=True
 )
+# Past the default inFlightSeconds (30): a request sent then can no longer arrive.
+SETTLED_FRESH = Situation(S.RESULT_UNKNOWN, attempts=0, redispatches=0, age_seconds=31)
+SETTLED_STOPPED = Situation(
+    S.RESULT_UNKNOWN, attempts=0, redispatches=0, age_seconds=31, compensation_requested=True
+)
 ACCEPTED = Situation(S.ACCEPTED, attempts=0, redispatches=0, age_seconds=5)
 DEFAULT = ReconcilePolicy()
 NO_RESEND = ReconcilePolicy(on_not_found="confirm_failure")
@@ -37,8 +42,11 @@ RESEND_FAILED = ReconcilePolicy(on_failed="redispatch")
         (Obs.FAILED, STOPPED, RESEND_FAILED, D.CONFIRM_FAILURE),
         (Obs.FAILED, ACCEPTED, RESEND_FAILED, D.CONFIRM_FAILURE),
         (Obs.NOT_FOUND, FRESH, DEFAULT, D.REDISPATCH),
-        (Obs.NOT_FOUND, FRESH, NO_RESEND, D.CONFIRM_FAILURE),
-        (Obs.NOT_FOUND, STOPPED, DEFAULT, D.CONFIRM_FAILURE),
+        # No record while the request may still arrive proves nothing: look again.
+        (Obs.NOT_FOUND, FRESH, NO_RESEND, D.RETRY),
+        (Obs.NOT_FOUND, STOPPED, DEFAULT, D.RETRY),
+        (Obs.NOT_FOUND, SETTLED_FRESH, NO_RESEND, D.CONFIRM_FAILURE),
+        (Obs.NOT_FOUND, SETTLED_STOPPED, DEFAULT, D.CONFIRM_FAILURE),
         (Obs.NOT_FOUND, ACCEPTED, DEFAULT, D.RETRY),
         (Obs.PENDING, FRESH, DEFAULT, D.RETRY),
         (Obs.LOOKUP_FAILED, FRESH, DEFAULT, D.RETRY),

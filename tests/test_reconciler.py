@@ -152,12 +152,42 @@ async def test_no_record_under_confirm_failure_policy_is_a_confirmed_failure(
         "k-none",
         {"kind": "drop_before_apply"},
     )
-    assert (await new_reconciler(sessions, registry, http).run_pass()).counts == {
-        "confirmed_failure": 1
-    }
+    reconciler = new_reconciler(sessions, registry, http)
+    await reconciler.run_pass()
+    # Dispatched a moment ago: the request may still arrive, so no verdict yet.
+    assert (await call_row(sessions, call))["status"] == "result_unknown"
+    await age_calls(sessions, 31)
+    await make_due(sessions)
+    assert (await reconciler.run_pass()).counts == {"confirmed_failure": 1}
     row = await call_row(sessions, call)
     assert (row["status"], row["verification_status"]) == ("confirmed", "confirmed_failure")
-    assert (await books(sandbox.url))["received"] == {"k-none": 2}  # POST + lookup: no re-send
+    assert (await books(sandbox.url))["received"] == {"k-none": 3}  # POST + 2 lookups
+
+
+async def test_a_request_landing_after_a_first_no_record_is_not_taken_for_a_failure(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+) -> None:
+    """What a chaos run caught: a request held by a stalling proxy reached the provider
+    after the reconciler had been told "no record" and had settled the call a failure."""
+    call = await unknown_call(
+        sessions, registry, http, sandbox.url, "refund-no-resend", "k-late",
+        {"kind": "drop_before_apply"},
+    )  # fmt: skip
+    reconciler = new_reconciler(sessions, registry, http)
+    await reconciler.run_pass()
+    assert (await call_row(sessions, call))["status"] == "result_unknown"
+    landed = await http.post(
+        f"{sandbox.url}/v1/requests", json={"n": 1}, headers={"Idempotency-Key": "k-late"}
+    )
+    assert landed.status_code < 300
+    await make_due(sessions)
+    await until_settled(reconciler)
+    row = await call_row(sessions, call)
+    assert (row["status"], row["verification_status"]) == ("confirmed", "confirmed_success")
+    assert (await books(sandbox.url))["effects"] == {"k-late": 1}
 
 
 async def test_provider_failure_is_a_confirmed_failure(

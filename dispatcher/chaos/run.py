@@ -66,8 +66,9 @@ def capabilities_toml(proxy_url: str, sandbox_url: str) -> str:
         "retry = { maxAttempts = 3, initialBackoffSeconds = 0.05, maxBackoffSeconds = 0.2 }\n"
         # Re-sends spread over longer than the longest wire fault (6 s), so one stall
         # does not use them all up.
+        # A request may reach the sandbox up to a stall (6 s) after the worker gave up.
         "reconcile = { maxAttempts = 12, initialDelaySeconds = 0.5, maxDelaySeconds = 3, "
-        'onNotFound = "redispatch", maxRedispatches = 4 }\n'
+        'onNotFound = "redispatch", maxRedispatches = 4, inFlightSeconds = 10 }\n'
     )
     side_effects = (
         'sideEffects = true\nonRunStopped = "compensate"\n'
