@@ -175,12 +175,12 @@ async def _process(
             consumer.seek(tp, rs[0].offset)
         await asyncio.sleep(1.0)
         return
-    await _commit(
+    await commit_recorded(
         consumer, {tp: OffsetAndMetadata(rs[-1].offset + 1, "") for tp, rs in batches.items()}
     )
 
 
-async def _commit(
+async def commit_recorded(
     consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, OffsetAndMetadata]
 ) -> None:
     """Commit a recorded batch's offsets, unless the group rebalanced meanwhile.

@@ -1,6 +1,11 @@
-"""A worker whose group rebalanced while its batch was in flight cannot commit that
-batch's offsets; the outcomes are already recorded, so it must carry on consuming
-instead of exiting (real processes, real broker)."""
+"""A worker whose group rebalanced while its batch was in flight carries on consuming
+instead of exiting, and the redelivered command is not executed twice (real processes,
+real broker).
+
+Whether that batch's commit is then refused or taken depends on whether the worker's
+rejoin wins the race against it (Tansu also takes a reset member's generation -1
+commit), so this test does not insist on either; the refusal itself is forced and
+checked in test_worker_commit.py."""
 
 from __future__ import annotations
 
@@ -105,6 +110,5 @@ async def test_worker_survives_a_rebalance_between_its_batch_and_its_commit(
     await eventually(second_done, what="the second call to be executed")
     log = stack.log_of(worker)
     assert worker.poll() is None, log
-    assert "not committed" in log
     # The redelivered first command was dropped by its state, not executed again.
     assert (await books(sandbox.url))["effects"] == {"rb-1": 1, "rb-2": 1}
