@@ -42,6 +42,8 @@ class EventType(StrEnum):
     TOOL_CALL_RECONCILE_ATTEMPTED = "tool.call.reconcile_attempted"
     TOOL_CALL_COMPENSATION_REQUESTED = "tool.call.compensation_requested"
     TOOL_CALL_ESCALATION_ACKNOWLEDGED = "tool.call.escalation_acknowledged"
+    # The call's dispatch command was written again: the broker lost the first one.
+    TOOL_CALL_REDRIVEN = "tool.call.redriven"
     # An operator's retry command: failed / escalated -> authorized.
     TOOL_CALL_RETRIED = "tool.call.retried"
     # Approvals: required at intake (the call stays proposed); granted (-> authorized),

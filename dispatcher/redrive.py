@@ -6,7 +6,9 @@ partition) takes published dispatch commands with it, and the relay has already
 marked their outbox rows published. Such a call stays ``authorized`` for ever unless
 someone notices. :func:`redrive_stale` notices: a call ``authorized`` for longer than
 a threshold, with no dispatch command still waiting in the outbox and none written
-within the threshold, gets its command written again through the outbox.
+within the threshold, gets its command written again through the outbox, together
+with a ``tool.call.redriven`` event (the command's cause), so the call's log says why
+it was dispatched late.
 
 Why this is safe: only an ``authorized`` call can be claimed (a conditional UPDATE),
 so a command that arrives twice, or after another worker claimed the call, is
@@ -24,12 +26,14 @@ from datetime import timedelta
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dispatcher.events import CallContext
+from dispatcher.events import DEFAULT_EVENTS_TOPIC, CallContext, EventType, event_row, record_events
 from dispatcher.intake import dispatch_command
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.tables import outbox, tool_calls
 
 log = logging.getLogger(__name__)
+
+PRODUCER = "tool-dispatcher.redrive"
 
 
 async def redrive_stale(
@@ -39,6 +43,7 @@ async def redrive_stale(
     older_than_seconds: float,
     known_capabilities: Collection[str] | None = None,
     limit: int = 200,
+    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
 ) -> list[str]:
     """Write the dispatch command again for every call ``authorized`` for longer than
     ``older_than_seconds`` whose command is neither waiting in the outbox nor younger
@@ -85,6 +90,19 @@ async def redrive_stale(
         )
         stale = [r for r in rows if r.tool_call_id not in covered]
         if stale:
+            events = [
+                event_row(
+                    EventType.TOOL_CALL_REDRIVEN,
+                    CallContext.of(r._mapping),
+                    producer=PRODUCER,
+                    payload={
+                        "authorizedSince": r.updated_at.isoformat(),
+                        "thresholdSeconds": older_than_seconds,
+                    },
+                )
+                for r in stale
+            ]
+            await record_events(session, events, topic=events_topic)
             await session.execute(
                 outbox.insert(),
                 [
@@ -92,9 +110,9 @@ async def redrive_stale(
                         CallContext.of(r._mapping),
                         r.idempotency_key,
                         topic=dispatch_topic,
-                        causation_id=None,
+                        causation_id=event["event_id"],
                     )
-                    for r in stale
+                    for r, event in zip(stale, events, strict=True)
                 ],
             )
     redriven = [r.tool_call_id for r in stale]

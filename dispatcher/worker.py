@@ -224,6 +224,7 @@ async def _sweep(
                     dispatch_topic=settings.dispatch_topic,
                     older_than_seconds=settings.redrive_after_seconds,
                     known_capabilities=known,
+                    events_topic=settings.events_topic,
                 )
         except Exception:  # the sweep must outlive a database outage
             log.exception("recovery sweep failed; trying again")

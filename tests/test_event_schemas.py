@@ -4,8 +4,8 @@ recorded state of its calls.
 
 One scenario drives each writer of events for real: intake, approvals (granted,
 rejected, expired), dispatch by the executor against the sandbox provider, crash
-recovery, reconciler settlement and escalation, compensation of a stopped run's call,
-an operator's acknowledgement and retry.
+recovery, the redrive of a lost command, reconciler settlement and escalation,
+compensation of a stopped run's call, an operator's acknowledgement and retry.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 from jsonschema import Draft202012Validator, FormatChecker
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher import approvals, control, escalations, runs
@@ -32,6 +32,7 @@ from dispatcher.execution import Executor
 from dispatcher.intake import DEFAULT_DISPATCH_TOPIC
 from dispatcher.provider import ProviderClient
 from dispatcher.recovery import recover_expired
+from dispatcher.redrive import redrive_stale
 from dispatcher.run_view import fold_run
 from dispatcher.sandbox import SandboxServer
 from dispatcher.states import ExecutionStatus as S
@@ -149,6 +150,23 @@ async def scenario(
         sessions, registry, dispatch_topic=DEFAULT_DISPATCH_TOPIC, events_topic=DEFAULT_EVENTS_TOPIC
     )
     assert await executor.execute(ro) is S.COMPLETED
+
+    # Redrive: an authorized call whose published command the broker then lost.
+    lost = await submit_call(sessions, registry, "send", {"n": 7}, run_id="run-c")
+    long_ago = text("now() - interval '2 minutes'")
+    async with sessions() as session, session.begin():
+        await session.execute(
+            outbox.update()
+            .where(outbox.c.key == lost)
+            .values(published_at=long_ago, created_at=long_ago)
+        )
+        await session.execute(
+            tool_calls.update().where(tool_calls.c.tool_call_id == lost).values(updated_at=long_ago)
+        )
+    assert await redrive_stale(
+        sessions, dispatch_topic=DEFAULT_DISPATCH_TOPIC, older_than_seconds=60
+    ) == [lost]
+    assert await executor.execute(lost) is S.COMPLETED
 
     # Reconciler: confirmation, escalation (cannot be looked up), compensation of a
     # stopped run's call.

@@ -15,7 +15,7 @@ from dispatcher.capabilities import CapabilityRegistry, load_registry
 from dispatcher.intake import DEFAULT_DISPATCH_TOPIC
 from dispatcher.redrive import redrive_stale
 from dispatcher.sandbox import SandboxServer
-from dispatcher.tables import outbox, tool_calls
+from dispatcher.tables import execution_events, outbox, tool_calls
 from tests.dispatch_support import books, call_row, capability, registry_of, submit_call
 from tests.stack_support import ProcessStack, eventually
 
@@ -50,6 +50,34 @@ async def dispatch_rows(sessions: async_sessionmaker[AsyncSession], call: str) -
     return count
 
 
+async def redrive_facts(
+    sessions: async_sessionmaker[AsyncSession], call: str
+) -> list[tuple[str, dict[str, object]]]:
+    """Each ``tool.call.redriven`` event of ``call`` with the causation id of the dispatch
+    command written after it, oldest first."""
+    async with sessions() as session:
+        events = (
+            await session.execute(
+                select(execution_events.c.event_id, execution_events.c.payload)
+                .where(
+                    execution_events.c.tool_call_id == call,
+                    execution_events.c.event_type == "tool.call.redriven",
+                )
+                .order_by(execution_events.c.seq)
+            )
+        ).all()
+        causes = (
+            await session.execute(
+                select(outbox.c.payload["causationId"].astext)
+                .where(outbox.c.key == call, outbox.c.topic == TOPIC)
+                .order_by(outbox.c.id)
+            )
+        ).scalars()
+    # The first command is intake's; each later one names the redrive that wrote it.
+    assert list(causes)[1:] == [e.event_id for e in events]
+    return [(e.event_id, e.payload) for e in events]
+
+
 async def redrive(sessions: async_sessionmaker[AsyncSession], **kw: object) -> list[str]:
     return await redrive_stale(
         sessions,
@@ -67,6 +95,8 @@ async def test_lost_command_is_written_again_once_per_threshold(
 
     assert await redrive(sessions) == [call]
     assert await dispatch_rows(sessions, call) == 2
+    [(_, fact)] = await redrive_facts(sessions, call)
+    assert fact["thresholdSeconds"] == 60 and isinstance(fact["authorizedSince"], str)
     # The fresh command is unpublished, then young: either way no second one.
     assert await redrive(sessions) == []
     async with sessions() as session, session.begin():
@@ -76,6 +106,8 @@ async def test_lost_command_is_written_again_once_per_threshold(
     # Lost again, a threshold later: written again.
     await lose_commands(sessions, age=120)
     assert await redrive(sessions) == [call]
+    assert len(await redrive_facts(sessions, call)) == 2
+    # A fact, not a transition: the call still waits in authorized for a worker.
     assert (await call_row(sessions, call))["status"] == "authorized"
 
 
@@ -109,6 +141,7 @@ async def test_concurrent_redrivers_write_one_command(
     assert sorted(c for r in results for c in r) == sorted(calls)
     for call in calls:
         assert await dispatch_rows(sessions, call) == 2
+        assert len(await redrive_facts(sessions, call)) == 1
 
 
 async def test_claimed_call_is_not_redriven(
