@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
@@ -32,6 +33,7 @@ from dispatcher.settings import Settings
 from tests.api_support import bearer, running_api
 from tests.control_support import ALICE, BOB, OPERATOR, approval_capability, control_keys
 from tests.dispatch_support import books, capability, registry_of
+from tests.stack_support import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -96,11 +98,28 @@ async def test_submit_with_own_tool_call_id_is_idempotent(client: DispatcherClie
 
 
 async def test_wait_returns_the_recorded_outcome_once_settled(
-    client: DispatcherClient, executor: Executor, sandbox: SandboxServer
+    client: DispatcherClient, executor: Executor, sandbox: SandboxServer, engine: AsyncEngine
 ) -> None:
     await client.submit(send("tc-wait", input={"to": "b@example.com"}))
-    waiting = asyncio.create_task(client.wait("tc-wait", within=30))
-    await asyncio.sleep(0)  # the long-poll is in flight before the call moves
+    # The API serves from this engine: its long-poll reads the call once per pause. One
+    # read done before the executor starts saw the call unsettled, so the poll is held.
+    polls: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if "FROM tool_calls" in statement and "tc-wait" in str(parameters):
+            polls.append(statement)
+
+    event.listen(engine.sync_engine, "after_cursor_execute", seen)
+    try:
+        waiting = asyncio.create_task(client.wait("tc-wait", within=30))
+
+        async def in_flight() -> bool:
+            assert not waiting.done(), waiting
+            return bool(polls)
+
+        await eventually(in_flight, what="the long-poll to read the call")
+    finally:
+        event.remove(engine.sync_engine, "after_cursor_execute", seen)
     await executor.execute("tc-wait")
 
     view = await waiting

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
@@ -51,6 +51,7 @@ from tests.reconcile_support import (
     unknown_call,
     until_settled,
 )
+from tests.stack_support import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -64,7 +65,8 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
     caps = [
         approval_capability("refund-big", url),
         plain_capability("send", url),
-        reconcile_capability("refund-undo", url).model_copy(
+        # A request timeout well above dispatch_slowly's latency.
+        reconcile_capability("refund-undo", url, timeout=10.0).model_copy(
             update={"on_run_stopped": "compensate"}
         ),
         reconcile_capability("refund-keep", url),
@@ -88,6 +90,39 @@ async def api(
 async def http() -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient() as client:
         yield client
+
+
+# Backends of this test's database waiting for an advisory lock (a run's lock) that the
+# given backend holds.
+_WAITING_FOR_RUN_LOCK = text(
+    "SELECT count(*) FROM pg_stat_activity"
+    " WHERE datname = current_database()"
+    " AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
+    " AND CAST(:holder AS integer) = ANY(pg_blocking_pids(pid))"
+)
+
+
+async def backend_pid(session: AsyncSession) -> int:
+    """The PostgreSQL backend of ``session``'s open transaction."""
+    pid: int = (await session.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+    return pid
+
+
+async def blocked_on_run_lock(sessions: Sessions, holder: int, task: asyncio.Task[Any]) -> None:
+    """Until some backend waits for the run lock ``holder`` holds. Fails if ``task``
+    finishes first: it did not wait for the lock."""
+
+    async def waiting() -> bool:
+        async with sessions() as session:
+            count = (await session.execute(_WAITING_FOR_RUN_LOCK, {"holder": holder})).scalar()
+        if count:
+            return True
+        if task.done():
+            outcome = task.exception() or task.result()
+            raise AssertionError(f"finished without waiting for the run's lock: {outcome!r}")
+        return False
+
+    await eventually(waiting, what=f"a backend to wait for the run lock held by {holder}")
 
 
 def library_submit(run_id: str, key: str) -> SubmitRequest:
@@ -194,6 +229,7 @@ async def test_a_submission_committing_before_the_stop_is_cancelled_by_it(
         made = await submit(
             intake, library_submit("run-r", "early"), tenant="acme", registry=registry
         )
+        holder = await backend_pid(intake)
 
         async def stop() -> list[str]:
             async with sessions() as session, session.begin():
@@ -203,8 +239,8 @@ async def test_a_submission_committing_before_the_stop_is_cancelled_by_it(
             return outcome.cancelled
 
         stopping = asyncio.create_task(stop())
-        await asyncio.sleep(0.3)
-        assert not stopping.done()  # the stop waits for the open intake
+        await blocked_on_run_lock(sessions, holder, stopping)  # it waits for the open intake
+        assert not stopping.done()
         await intake.commit()
     assert await stopping == [made.view.tool_call_id]
     assert (await call_row(sessions, made.view.tool_call_id))["status"] == "cancelled"
@@ -219,6 +255,7 @@ async def test_a_submission_racing_an_uncommitted_stop_is_refused(
         await stop_run(
             stopper, tenant="acme", run_id="run-r", actor=OPS, reason="", registry=registry
         )
+        holder = await backend_pid(stopper)
 
         async def late() -> None:
             async with sessions() as session, session.begin():
@@ -227,8 +264,8 @@ async def test_a_submission_racing_an_uncommitted_stop_is_refused(
                 )
 
         submitting = asyncio.create_task(late())
-        await asyncio.sleep(0.3)
-        assert not submitting.done()  # intake waits for the stop's lock
+        await blocked_on_run_lock(sessions, holder, submitting)  # intake waits for the stop
+        assert not submitting.done()
         await stopper.commit()
     with pytest.raises(RunStopped):
         await submitting
@@ -238,8 +275,9 @@ async def test_a_submission_racing_an_uncommitted_stop_is_refused(
         await stop_run(
             stopper, tenant="acme", run_id="run-new", actor=OPS, reason="", registry=registry
         )
+        holder = await backend_pid(stopper)
         submitting = asyncio.create_task(late_first("run-new", sessions, registry))
-        await asyncio.sleep(0.3)
+        await blocked_on_run_lock(sessions, holder, submitting)
         assert not submitting.done()
         await stopper.commit()
     with pytest.raises(RunStopped):
@@ -292,8 +330,11 @@ async def dispatch_slowly(
     key: str,
     run_id: str,
 ) -> tuple[str, asyncio.Task[S | None]]:
-    """A call whose provider takes its time, caught while it is ``dispatching``."""
-    await add_fault(sandbox_url, {"kind": "latency", "latencyMs": 600, "idempotencyKey": key})
+    """A call whose provider takes its time, caught while its request is held by the
+    provider (so it is ``dispatching``, and stays so for a few seconds)."""
+    await add_fault(
+        sandbox_url, {"kind": "latency", "latencyMs": 3000, "idempotencyKey": key, "times": 1}
+    )
     call = await submit_call(sessions, registry, capability, {"n": 1}, key=key, run_id=run_id)
     executor = Executor(
         sessions,
@@ -303,10 +344,15 @@ async def dispatch_slowly(
         events_topic="tool-dispatcher.events",
     )
     running = asyncio.create_task(executor.execute(call))
-    for _ in range(100):
-        if (await call_row(sessions, call))["status"] == "dispatching":
-            break
-        await asyncio.sleep(0.02)
+
+    async def received() -> bool:
+        if running.done():
+            outcome = running.exception() or running.result()
+            raise AssertionError(f"{call} ended before the stop: {outcome!r}")
+        return bool((await books(sandbox_url))["received"].get(key) == 1)
+
+    await eventually(received, what=f"the sandbox to receive {call}'s request")
+    assert (await call_row(sessions, call))["status"] == "dispatching"
     return call, running
 
 

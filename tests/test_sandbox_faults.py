@@ -47,6 +47,14 @@ async def effects(client: httpx.AsyncClient) -> dict[str, Any]:
     return result
 
 
+async def until_received(client: httpx.AsyncClient, key: str, task: asyncio.Task[Any]) -> None:
+    """Until the sandbox has received (and is handling) the request of ``key`` that
+    ``task`` sends; fails if ``task`` ends first."""
+    while (await effects(client))["received"].get(key) != 1:
+        assert not task.done(), task
+        await asyncio.sleep(0.01)
+
+
 async def add_rules(client: httpx.AsyncClient, rules: Any) -> list[dict[str, Any]]:
     response = await client.post("/v1/faults", json=rules)
     assert response.status_code == 200, response.text
@@ -210,7 +218,7 @@ async def test_bad_fault_header_is_400_and_applies_nothing(client: httpx.AsyncCl
 
 async def test_a_held_connection_does_not_block_others(client: httpx.AsyncClient) -> None:
     held = asyncio.create_task(post(client, "held", "timeout", timeout=5))
-    await asyncio.sleep(0.05)
+    await until_received(client, "held", held)
     assert (await post(client, "free")).status_code == 200
     held.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -222,9 +230,9 @@ async def test_stop_releases_a_connection_held_forever() -> None:
     await server.start()
     async with httpx.AsyncClient(base_url=server.url, timeout=5) as client:
         held = asyncio.create_task(post(client, "forever", "timeout"))
-        await asyncio.sleep(0.05)
-        started = time.monotonic()
-        await server.stop()
-        assert time.monotonic() - started < 1
+        await until_received(client, "forever", held)
+        # A generous grace: a stop that waited for the held request instead of releasing
+        # it would run into the bound rather than finish at once.
+        await asyncio.wait_for(server.stop(grace=60), timeout=30)
         with pytest.raises(httpx.RemoteProtocolError):
             await held

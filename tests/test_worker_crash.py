@@ -27,7 +27,12 @@ def stack(
         database_url=database_url,
         kafka_bootstrap=kafka_bootstrap,
         sandbox_url=sandbox.url,
-        capability={"timeout": 1.0, "attempts": 2},
+        # A request timeout no loaded machine comes near: a timed-out first attempt of the
+        # read-only capability would be re-sent before the crash point and count twice.
+        # The lease this gives (5 s x 2 attempts + backoff + margin, ~10.6 s) is what the
+        # survivor waits out before recovering a call left dispatching; well inside
+        # `eventually`'s bound.
+        capability={"timeout": 5.0, "attempts": 2},
     )
     yield stack
     stack.close()
