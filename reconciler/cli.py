@@ -25,7 +25,6 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import CapabilityRegistry, load_registry
 from dispatcher.db import create_engine, session_factory
 from dispatcher.settings import Settings
-from reconciler import metrics
 from reconciler.loop import Reconciler
 
 
@@ -95,8 +94,9 @@ async def run_service(
 ) -> None:
     """The reconciler loop until ``stop`` is set: what `tool-dispatcher up` runs beside
     the API, relay and worker (entry-point group ``tool_dispatcher.services``)."""
-    async with reconciler_for(settings, registry) as (reconciler, sessions):
-        await metrics.refresh(sessions)
+    # Nothing here touches the database before the loop, which outlives an outage: a
+    # reconciler (re)started while the database is away waits for it instead of exiting.
+    async with reconciler_for(settings, registry) as (reconciler, _):
         await reconciler.run(stop, settings.reconcile_interval_seconds)
 
 

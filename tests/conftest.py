@@ -8,7 +8,6 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -18,7 +17,7 @@ from dispatcher.db import engine_for, session_factory
 from dispatcher.embedded import EmbeddedPostgres, Tansu
 from dispatcher.sandbox import SandboxServer
 from dispatcher.settings import Settings, load_settings
-from tests.services import TestEnvironment, unique_name, with_database
+from tests.services import TestEnvironment, admin, unique_name, with_database
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,38 +44,32 @@ def pg_server_url(test_env: TestEnvironment) -> Iterator[str]:
     shutil.rmtree(home, ignore_errors=True)
 
 
-def _admin(url: str, *statements: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        for statement in statements:
-            conn.execute(statement)  # type: ignore[arg-type]
-
-
 @pytest.fixture(scope="session")
 def template_database(pg_server_url: str) -> Iterator[str]:
     """A database migrated once; every test clones it."""
     name = unique_name("td_template")
-    _admin(pg_server_url, f'CREATE DATABASE "{name}"')
+    admin(pg_server_url, f'CREATE DATABASE "{name}"')
     migrate.upgrade(with_database(pg_server_url, name))
     yield name
-    _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
 def empty_database_url(pg_server_url: str) -> Iterator[str]:
     """A fresh database with no schema at all."""
     name = unique_name("td_empty")
-    _admin(pg_server_url, f'CREATE DATABASE "{name}"')
+    admin(pg_server_url, f'CREATE DATABASE "{name}"')
     yield with_database(pg_server_url, name)
-    _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
 def database_url(pg_server_url: str, template_database: str) -> Iterator[str]:
     """A fresh, fully migrated database of this test's own."""
     name = unique_name("td_test")
-    _admin(pg_server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+    admin(pg_server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
     yield with_database(pg_server_url, name)
-    _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

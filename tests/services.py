@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 
+import psycopg
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
@@ -23,6 +24,13 @@ def with_database(url: str, database: str) -> str:
     """The same server URL, naming another database (libpq form, no driver)."""
     parsed = make_url(url).set(drivername="postgresql", database=database)
     return parsed.render_as_string(hide_password=False)
+
+
+def admin(url: str, *statements: str) -> None:
+    """Run ``statements`` on the server at ``url`` outside a transaction (CREATE DATABASE)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)  # type: ignore[arg-type]
 
 
 def unique_name(prefix: str) -> str:
