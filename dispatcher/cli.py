@@ -130,10 +130,10 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
         return asyncio.run(_until_signal(lambda stop: run_worker(settings, registry, stop)))
     if args.command == "relay":
-        from dispatcher.services import relay_config
+        from dispatcher.services import relay_config, run_relay_process
 
         config = relay_config(settings)
-        return asyncio.run(_until_signal(lambda stop: outbox_relay.run_relay(config, stop)))
+        return asyncio.run(_until_signal(lambda stop: run_relay_process(settings, config, stop)))
     raise AssertionError(args.command)
 
 

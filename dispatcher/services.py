@@ -14,7 +14,7 @@ from importlib.metadata import entry_points
 
 import outbox_relay
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.kafka_topics import ensure_topics
+from dispatcher.kafka_topics import ensure_topics, ensure_topics_when_reachable
 from dispatcher.serving import api_server, wait_started
 from dispatcher.settings import Settings
 from dispatcher.worker import run_worker
@@ -32,6 +32,16 @@ def relay_config(settings: Settings) -> outbox_relay.RelayConfig:
         kafka_bootstrap=settings.kafka_bootstrap,
         enable_idempotence=settings.kafka_enable_idempotence,
     )
+
+
+async def run_relay_process(
+    settings: Settings, config: outbox_relay.RelayConfig, stop: asyncio.Event
+) -> None:
+    """`tool-dispatcher relay`: the service's topics first (waiting for the broker if
+    need be: a relay that found them missing would dead-letter its rows), then the
+    relay until ``stop``."""
+    if await ensure_topics_when_reachable(settings, stop):
+        await outbox_relay.run_relay(config, stop)
 
 
 @asynccontextmanager

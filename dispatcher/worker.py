@@ -28,7 +28,7 @@ from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.crashpoints import CrashPoints
 from dispatcher.db import create_engine, session_factory
 from dispatcher.execution import Executor
-from dispatcher.kafka_topics import ensure_topics
+from dispatcher.kafka_topics import ensure_topics_when_reachable
 from dispatcher.provider import ProviderClient
 from dispatcher.recovery import recover_expired
 from dispatcher.redrive import redrive_stale
@@ -90,6 +90,8 @@ async def run_worker(
 ) -> None:
     """Consume until ``stop`` is set; calls in flight finish and are recorded first."""
     worker_id = worker_id or new_worker_id()
+    if not await ensure_topics_when_reachable(settings, stop):
+        return
     engine = create_engine(settings)
     sessions = session_factory(engine)
     pools = provider_pools(settings.provider_max_connections)
@@ -105,7 +107,6 @@ async def run_worker(
         lease_margin_seconds=settings.lease_margin_seconds,
         crash=CrashPoints(settings.crash_at),
     )
-    await ensure_topics(settings)
     consumer = AIOKafkaConsumer(
         settings.dispatch_topic,
         bootstrap_servers=settings.kafka_bootstrap,
