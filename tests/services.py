@@ -30,7 +30,7 @@ def admin(url: str, *statements: str) -> None:
     """Run ``statements`` on the server at ``url`` outside a transaction (CREATE DATABASE)."""
     with psycopg.connect(url, autocommit=True) as conn:
         for statement in statements:
-            conn.execute(statement)  # type: ignore[arg-type]
+            conn.execute(statement)
 
 
 def unique_name(prefix: str) -> str:
