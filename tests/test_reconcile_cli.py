@@ -22,6 +22,9 @@ pytestmark = pytest.mark.postgres
 
 
 def capabilities_file(tmp_path: Path, base: str) -> Path:
+    # Lookups get 3 s: five CLI processes start at once on a loaded machine, and with
+    # maxAttempts = 1 one slow answer would escalate a call the provider knows. The
+    # stuck key's fault holds its lookup until the client gives up, so it still times out.
     path = tmp_path / "capabilities.toml"
     path.write_text(
         f"""
@@ -34,12 +37,12 @@ reconcile = {{ maxAttempts = 1, initialDelaySeconds = 0.01 }}
 [capability.statusLookup]
 method = "GET"
 url = "{base}/v1/requests/{{externalRequestId}}"
-timeoutSeconds = 0.3
+timeoutSeconds = 3
 
 [capability.lookupByKey]
 method = "GET"
 url = "{base}/v1/requests?idempotencyKey={{idempotencyKey}}"
-timeoutSeconds = 0.3
+timeoutSeconds = 3
 """
     )
     return path

@@ -12,12 +12,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.sandbox import SandboxServer
 from dispatcher.tables import execution_events, tool_calls
-from reconciler import Tally
+from reconciler import Reconciler, Tally
 from reconciler.loop import reconcile_once
 from tests.dispatch_support import books, registry_of
 from tests.reconcile_support import (
     create_at_sandbox,
     insert_unknown_calls,
+    make_due,
     new_reconciler,
     reconcile_capability,
 )
@@ -49,11 +50,12 @@ async def test_two_reconcilers_over_1000_calls_settle_each_exactly_once(
             new_reconciler(sessions, registry, a, batch_size=50),
             new_reconciler(sessions, registry, b, batch_size=50),
         ]
-        tally = Tally()
-        for _ in range(3):  # until neither finds anything due
-            tally.merge(await reconcile_once(reconcilers))
+        tally = await until_neither_finds_anything(sessions, reconcilers)
 
-    assert tally.counts == {"confirmed_success": CALLS}
+    # A lookup that timed out on a loaded machine is a retry_later, looked at again in a
+    # later pass; a call worked by both at once would show up as taken_over.
+    assert tally.counts["confirmed_success"] == CALLS
+    assert set(tally.counts) <= {"confirmed_success", "retry_later"}, tally.counts
     async with sessions() as session:
         events = Counter(
             r.tool_call_id
@@ -75,4 +77,19 @@ async def test_two_reconcilers_over_1000_calls_settle_each_exactly_once(
     assert events == dict.fromkeys(ids, 1)
     assert statuses == {"confirmed": CALLS}
     assert producers == {"confirm_success": CALLS}
-    assert sum((await books(sandbox.url))["effects"].values()) == CALLS
+    assert (await books(sandbox.url))["effects"] == dict.fromkeys(keys, 1)
+
+
+async def until_neither_finds_anything(
+    sessions: async_sessionmaker[AsyncSession], reconcilers: list[Reconciler], passes: int = 20
+) -> Tally:
+    """Overlapping passes of every reconciler until one does nothing (backoffs made due
+    at once)."""
+    tally = Tally()
+    for _ in range(passes):
+        one = await reconcile_once(reconcilers)
+        tally.merge(one)
+        if one.total == 0:
+            return tally
+        await make_due(sessions)
+    raise AssertionError(f"still not settled after {passes} passes: {tally.counts}")

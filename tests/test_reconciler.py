@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 from prometheus_client import REGISTRY
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
@@ -19,7 +20,8 @@ from dispatcher.intake import DEFAULT_DISPATCH_TOPIC
 from dispatcher.provider import ProviderClient
 from dispatcher.recovery import recover_expired
 from dispatcher.sandbox import SandboxServer
-from reconciler import metrics
+from dispatcher.tables import tool_calls
+from reconciler import Tally, metrics
 from tests.dispatch_support import add_fault, books, call_row, registry_of, submit_call
 from tests.reconcile_support import (
     age_calls,
@@ -45,6 +47,8 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
         reconcile_capability("refund-no-resend", url, onNotFound="confirm_failure"),
         reconcile_capability("refund-slow-lookup", url, lookup_timeout=0.2, maxAttempts=3),
         reconcile_capability("refund-short-window", url, idempotencyWindowSeconds=60),
+        # Waits out a held lookup (see the take-over test) instead of timing out.
+        reconcile_capability("refund-patient-lookup", url, lookup_timeout=30),
     )
 
 
@@ -332,12 +336,10 @@ async def test_lookups_timing_out_escalate_exactly_once_under_five_overlapping_p
     assert f"tool-dispatcher escalations ack {esc_id}" in evidence["commands"]["cli"]
     assert f"POST /v1/escalations/{esc_id}/acknowledge" in evidence["commands"]["http"]
 
-    assert (
-        REGISTRY.get_sample_value(
-            "tool_dispatcher_reconciler_lookup_errors_total", {"capability": "refund-slow-lookup"}
-        )
-        >= 12
-    )  # type: ignore[operator]
+    lookup_errors = REGISTRY.get_sample_value(
+        "tool_dispatcher_reconciler_lookup_errors_total", {"capability": "refund-slow-lookup"}
+    )
+    assert lookup_errors is not None and lookup_errors >= 12
     await metrics.refresh(sessions)
     assert REGISTRY.get_sample_value("tool_dispatcher_reconciler_open_escalations") == 4
     assert REGISTRY.get_sample_value("tool_dispatcher_reconciler_unknown_backlog") == 0
@@ -407,15 +409,23 @@ async def test_a_reconciler_whose_claim_was_taken_over_records_nothing(
     http: httpx.AsyncClient,
 ) -> None:
     call = await unknown_call(
-        sessions, registry, http, sandbox.url, "refund", "k-stall", {"kind": "drop_after_apply"}
+        sessions,
+        registry,
+        http,
+        sandbox.url,
+        "refund-patient-lookup",
+        "k-stall",
+        {"kind": "drop_after_apply"},
     )
     slow = new_reconciler(sessions, registry, http, lease_seconds=0.01)
     fast = new_reconciler(sessions, registry, http)
-    # The slow one's lookup is held until its lease has long ended and the fast one has
-    # claimed and settled the call.
-    await add_fault(sandbox.url, {"kind": "latency", "latencyMs": 400, "method": "GET", "times": 1})
+    # The slow one's lookup is held at the sandbox (well within its lookup timeout)
+    # while its lease ends and the fast one claims and settles the call.
+    held = {"kind": "latency", "latencyMs": 5000, "method": "GET", "idempotencyKey": "k-stall"}
+    await add_fault(sandbox.url, {**held, "times": 1})
     slow_pass = asyncio.create_task(slow.run_pass())
-    await asyncio.sleep(0.15)
+    await held_lookup_arrived(http, sandbox.url, slow_pass)  # so slow has claimed the call
+    await lease_ended(sessions, call)
     fast_tally = await fast.run_pass()
     slow_tally = await slow_pass
 
@@ -425,6 +435,37 @@ async def test_a_reconciler_whose_claim_was_taken_over_records_nothing(
         e for e in await events_of(sessions, call) if e["event_type"].endswith("confirmed")
     ]
     assert len(confirmed) == 1
+
+
+async def held_lookup_arrived(
+    http: httpx.AsyncClient, sandbox_url: str, slow_pass: asyncio.Task[Tally]
+) -> None:
+    """Until the sandbox has used up its one ``latency`` rule: the lookup it holds has
+    arrived there."""
+    for _ in range(3000):
+        rules = (await http.get(f"{sandbox_url}/v1/faults")).json()["rules"]
+        if not any(rule["kind"] == "latency" for rule in rules):
+            return
+        if slow_pass.done():
+            raise AssertionError(f"the pass ended without a lookup: {slow_pass.result()}")
+        await asyncio.sleep(0.01)
+    raise AssertionError("the held lookup never reached the sandbox")
+
+
+async def lease_ended(sessions: async_sessionmaker[AsyncSession], call: str) -> None:
+    """Until the call's lease has run out by the database's clock (what "due" is
+    measured against), so another reconciler's pass finds it due."""
+    for _ in range(3000):
+        async with sessions() as session:
+            ended = await session.scalar(
+                select(tool_calls.c.next_reconcile_at <= func.now()).where(
+                    tool_calls.c.tool_call_id == call
+                )
+            )
+        if ended:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the slow reconciler's lease never ran out")
 
 
 async def test_the_events_of_a_settlement_are_published_through_the_outbox(
