@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 import psycopg
+from psycopg import sql
 
 from dispatcher.embedded import free_port, wait_for_port
 from tests.services import with_database
@@ -33,6 +35,7 @@ class Harness:
     api_url: str
     sandbox_url: str
     key_file: Path
+    worker: subprocess.Popen[bytes]
 
     async def run(
         self, workdir: Path, *args: str, crash: str | None = None
@@ -93,7 +96,11 @@ def harness_stack(tmp: Path, pg_server_url: str, template: str, kafka: str) -> I
     """A database of its own, then sandbox, API, relay and worker processes."""
     name = f"td_harness_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(pg_server_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')  # type: ignore[arg-type]
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template)
+            )
+        )
     sandbox_port, api_port = free_port(), free_port()
     sandbox_url = f"http://127.0.0.1:{sandbox_port}"
     stack = ProcessStack(
@@ -110,14 +117,18 @@ def harness_stack(tmp: Path, pg_server_url: str, template: str, kafka: str) -> I
         stack.start("sandbox", "--port", str(sandbox_port))
         stack.start("serve")
         stack.start("relay")
-        stack.start("worker")
-        wait_for_port("127.0.0.1", sandbox_port)
-        wait_for_port("127.0.0.1", api_port)
-        yield Harness(stack, f"http://127.0.0.1:{api_port}", sandbox_url, key_file)
+        worker = stack.start("worker")
+        # Four Python services boot at once and share the machine's cores: a bound that
+        # only stops a hung start, not a start-up time budget.
+        wait_for_port("127.0.0.1", sandbox_port, timeout=60)
+        wait_for_port("127.0.0.1", api_port, timeout=60)
+        yield Harness(stack, f"http://127.0.0.1:{api_port}", sandbox_url, key_file, worker)
     finally:
         stack.close()
         with psycopg.connect(pg_server_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 def transcript_problems(messages: list[dict[str, Any]]) -> list[str]:

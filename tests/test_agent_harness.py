@@ -5,6 +5,8 @@ lesson's crash moments on each tool's turn, then resumed. The report is written 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,6 +85,11 @@ async def test_killed_then_resumed(
     else:
         assert pending["name"] == TOOLS[turn - 1]
         assert pending["toolCallId"].endswith(f".toolu_0{turn}")
+    if moment == "after-submit":
+        # Killed right after the submit, the call is still on its way through relay,
+        # broker and worker. This test is about what --resume does with a recorded
+        # outcome, so it resumes once there is one, not when it happens to be ready.
+        await settled_as(harness, pending["toolCallId"], "completed")
 
     code, out, err = await harness.run(tmp_path, "--resume")
     assert code == 0, err
@@ -106,6 +113,19 @@ async def test_killed_then_resumed(
     )
 
 
+async def settled_as(harness: Harness, tool_call_id: str, status: str) -> None:
+    """Wait until tool-dispatcher reports ``status`` for the call; a call that
+    settles in another status fails at once rather than after the bound."""
+    async with DispatcherClient(harness.api_url, API_KEY) as client:
+
+        async def reached() -> bool:
+            view = await client.get(tool_call_id)
+            assert view.status in {status, "authorized", "dispatching"}, view
+            return view.status == status
+
+        await eventually(reached, what=f"{tool_call_id} to be {status}")
+
+
 def _expected(moment: str, tool_call_id: str) -> str:
     if moment == "after-save-a":
         return f"tool-dispatcher has no call {tool_call_id}: it never ran, running it now"
@@ -124,6 +144,9 @@ async def test_a_report_in_doubt_is_an_honest_error_and_the_reconciler_settles_i
     )
     code, _, _ = await harness.run(tmp_path, "--run-id", run_id, crash="after-submit:3")
     assert code == 137
+    # The worker has to record the lost answer first: --resume is about a call that
+    # tool-dispatcher knows to be in doubt, not one still on its way.
+    await settled_as(harness, report, "result_unknown")
 
     code, out, err = await harness.run(tmp_path, "--resume", "--resume-wait-seconds", "1")
     assert code == 0, err
@@ -159,18 +182,51 @@ async def test_a_read_only_call_without_an_outcome_is_run_again(
 ) -> None:
     run_id = "notes-slow"
     notes = f"{run_id}.toolu_01"
-    # The first read is slow enough to be still in flight when --resume asks about it.
+    # The first read is in flight when --resume asks about it. Each of the first three
+    # attempts outlasts read_notes's 5 s request timeout (examples/agent_harness/
+    # capabilities.toml; the provider client repeats a read-only request after a
+    # timeout), the fourth and last the retry policy allows is answered at once.
     await harness.add_fault(
-        {"kind": "latency", "latencyMs": 6000, "times": 1, "idempotencyKey": notes}
+        {"kind": "latency", "latencyMs": 15000, "times": 3, "idempotencyKey": notes}
     )
     code, _, _ = await harness.run(tmp_path, "--run-id", run_id, crash="after-submit:1")
     assert code == 137
 
-    code, out, err = await harness.run(tmp_path, "--resume", "--resume-wait-seconds", "0.5")
+    async with DispatcherClient(harness.api_url, API_KEY) as client:
+
+        async def in_flight() -> bool:
+            if (await harness.books())["received"].get(notes, 0) < 1:
+                return False
+            status = (await client.get(notes)).status
+            assert status in {"authorized", "dispatching"}, status
+            return status == "dispatching"
+
+        await eventually(in_flight, what="the worker to send the read and wait for its answer")
+        # Paused, the worker (the only process that could record an outcome here) keeps
+        # the call dispatching for as long as --resume takes to start and ask about it.
+        os.killpg(harness.worker.pid, signal.SIGSTOP)
+        try:
+            assert (await client.get(notes)).status == "dispatching"
+            resume = asyncio.create_task(
+                harness.run(tmp_path, "--resume", "--resume-wait-seconds", "0.5")
+            )
+
+            async def decided() -> bool:
+                # A call after the pending one (the rerun, or whatever --resume did
+                # instead) shows --resume has decided; or it has ended.
+                calls = [c for tool in TOOLS for c in await harness.calls_of(run_id, tool)]
+                return resume.done() or len(calls) > 1
+
+            await eventually(decided, what="--resume to decide about the pending read")
+        finally:
+            # Woken, the worker finishes the slow read's batch, then runs the rerun.
+            os.killpg(harness.worker.pid, signal.SIGCONT)
+    code, out, err = await resume
     assert code == 0, err
     line = next(x for x in out.splitlines() if x.startswith("[resume][reconcile]"))
     assert line.startswith(
         "[resume][reconcile] tool_use_id=toolu_01 name=read_notes no recorded outcome "
+        "(dispatching), read-only: "
     )
     assert f"read-only: running it again as {notes}.rerun-" in line
     assert out.splitlines()[-1] == DONE

@@ -17,7 +17,6 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.embedded import free_port, wait_for_port
-from dispatcher.sandbox import SandboxServer
 from dispatcher.tables import tool_calls
 from tests.dispatch_support import add_fault, books
 from tests.stack_support import API_KEY, ProcessStack, eventually, exited
@@ -32,19 +31,34 @@ SETTLED_OR_UNKNOWN = {"completed", "failed", "result_unknown"}
 
 
 @pytest.fixture
+def sandbox_port() -> int:
+    return free_port()
+
+
+@pytest.fixture
 def stack(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, sandbox: SandboxServer
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, sandbox_port: int
 ) -> Iterator[ProcessStack]:
     stack = ProcessStack(
         tmp_path,
         database_url=database_url,
         kafka_bootstrap=kafka_bootstrap,
-        sandbox_url=sandbox.url,
-        capability={"timeout": 2.0, "attempts": 3},
+        sandbox_url=f"http://127.0.0.1:{sandbox_port}",
+        # Only a stalled provider ever waits for this (the faults below answer or drop
+        # at once); a read timeout would make a call result_unknown that the fault plan
+        # says completes. The lease it gives (3 x 10 s + backoff + margin, about 31 s)
+        # is how long a killed worker's calls wait for the recovery sweep.
+        capability={"timeout": 10.0, "attempts": 3},
         http_port=free_port(),
     )
-    yield stack
-    stack.close()
+    try:
+        # The provider as a process of its own, like the rest of the pipeline: not in
+        # this test's event loop, which submits and polls at the same time.
+        stack.start("sandbox", "--port", str(sandbox_port))
+        wait_for_port("127.0.0.1", sandbox_port, timeout=60)
+        yield stack
+    finally:
+        stack.close()
 
 
 def key(i: int) -> str:
@@ -62,8 +76,9 @@ async def statuses(sessions: async_sessionmaker[AsyncSession]) -> Counter[str]:
 async def test_thousand_calls_with_lost_responses_503s_and_worker_kills(
     stack: ProcessStack,
     sessions: async_sessionmaker[AsyncSession],
-    sandbox: SandboxServer,
+    sandbox_port: int,
 ) -> None:
+    sandbox_url = f"http://127.0.0.1:{sandbox_port}"
     rules: list[dict[str, Any]] = [
         {"kind": "drop_after_apply", "idempotencyKey": key(i)} for i in DROPPED
     ]
@@ -72,10 +87,11 @@ async def test_thousand_calls_with_lost_responses_503s_and_worker_kills(
         for i in THROTTLED
     ]
     rules += [{"kind": "error", "status": 503, "idempotencyKey": key(i)} for i in FAILED_5XX]
-    await add_fault(sandbox.url, rules)
+    await add_fault(sandbox_url, rules)
 
     api = stack.start("serve")
-    await asyncio.to_thread(wait_for_port, "127.0.0.1", int(stack.env["TOOL_DISPATCHER_HTTP_PORT"]))
+    api_port = int(stack.env["TOOL_DISPATCHER_HTTP_PORT"])
+    await asyncio.to_thread(wait_for_port, "127.0.0.1", api_port, timeout=60)
     stack.start("relay")
     workers = [stack.start("worker", name="worker-a"), stack.start("worker", name="worker-b")]
 
@@ -119,7 +135,7 @@ async def test_thousand_calls_with_lost_responses_503s_and_worker_kills(
     final = await statuses(sessions)
     assert set(final) <= SETTLED_OR_UNKNOWN, final
     assert sum(final.values()) == CALLS
-    counts = await books(sandbox.url)
+    counts = await books(sandbox_url)
     assert max(counts["effects"].values()) == 1  # no effect ever happened twice
     async with sessions() as session:
         rows = (
