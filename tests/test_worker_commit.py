@@ -16,6 +16,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from typing import NamedTuple
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -50,8 +51,14 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
+class Member(NamedTuple):
+    consumer: AIOKafkaConsumer
+    topic: str
+    group: str
+
+
 @pytest.fixture
-async def member(kafka_bootstrap: str) -> AsyncIterator[AIOKafkaConsumer]:
+async def member(kafka_bootstrap: str) -> AsyncIterator[Member]:
     """A group member holding every partition of a topic of its own."""
     topic, group = f"commit-{uuid.uuid4().hex[:8]}", f"commit-{uuid.uuid4().hex[:8]}"
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
@@ -72,14 +79,9 @@ async def member(kafka_bootstrap: str) -> AsyncIterator[AIOKafkaConsumer]:
     try:
         while len(consumer.assignment()) < PARTITIONS:
             await consumer.getmany(timeout_ms=100)
-        yield consumer
+        yield Member(consumer, topic, group)
     finally:
         await consumer.stop()
-
-
-def _topic(consumer: AIOKafkaConsumer) -> str:
-    topic: str = next(iter(consumer.subscription()))
-    return topic
 
 
 async def _committed(bootstrap: str, group: str, tp: TopicPartition) -> int | None:
@@ -93,9 +95,9 @@ async def _committed(bootstrap: str, group: str, tp: TopicPartition) -> int | No
 
 
 async def test_a_commit_refused_after_a_rebalance_is_logged_not_raised(
-    member: AIOKafkaConsumer, kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+    member: Member, kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    topic, group = _topic(member), member._group_id
+    topic, group = member.topic, member.group
     argv = [sys.executable, "-c", TAKER, kafka_bootstrap, topic, group, str(PARTITIONS)]
     # Blocking on purpose (hence no asyncio subprocess): this member must go silent
     # until the taker holds everything.
@@ -107,7 +109,7 @@ async def test_a_commit_refused_after_a_rebalance_is_logged_not_raised(
             assert taker.stdout.readline() == b"holding\n"
             tp = TopicPartition(topic, 0)
             with caplog.at_level(logging.WARNING, logger="dispatcher.worker"):
-                await commit_recorded(member, {tp: OffsetAndMetadata(1, "")})
+                await commit_recorded(member.consumer, {tp: OffsetAndMetadata(1, "")})
             assert "not committed: the group rebalanced" in caplog.text
             assert await _committed(kafka_bootstrap, group, tp) is None
         finally:
@@ -116,10 +118,10 @@ async def test_a_commit_refused_after_a_rebalance_is_logged_not_raised(
 
 
 async def test_a_commit_of_a_partition_no_longer_held_is_logged_not_raised(
-    member: AIOKafkaConsumer, kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+    member: Member, caplog: pytest.LogCaptureFixture
 ) -> None:
     # What a member sees once a completed rebalance gave some of its partitions away.
-    gone = TopicPartition(_topic(member), PARTITIONS)
+    gone = TopicPartition(member.topic, PARTITIONS)
     with caplog.at_level(logging.WARNING, logger="dispatcher.worker"):
-        await commit_recorded(member, {gone: OffsetAndMetadata(1, "")})
+        await commit_recorded(member.consumer, {gone: OffsetAndMetadata(1, "")})
     assert f"not committed: IllegalStateError: Partition {gone} is not assigned" in caplog.text
