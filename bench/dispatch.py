@@ -29,11 +29,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.sandbox import measure, start_sandbox  # noqa: E402
-from dispatcher import migrate  # noqa: E402
 from dispatcher.capabilities import load_registry  # noqa: E402
-from dispatcher.db import engine_for, session_factory  # noqa: E402
-from dispatcher.embedded import Tansu, free_port  # noqa: E402
-from dispatcher.intake import SubmitRequest, submit_many  # noqa: E402
+from dispatcher.db import migrate  # noqa: E402
+from dispatcher.db.engine import engine_for, session_factory  # noqa: E402
+from dispatcher.intake.service import SubmitRequest, submit_many  # noqa: E402
+from dispatcher.testing.embedded import Tansu, free_port  # noqa: E402
 from tests.services import with_database  # noqa: E402
 from tests.stack_support import capabilities_toml  # noqa: E402
 
@@ -91,7 +91,7 @@ async def run_workers(url: str, env: dict[str, str], workers: int, n: int, tag: 
         await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "dispatcher.cli",
+            "dispatcher",
             "worker",
             env=round_env,
             stdout=asyncio.subprocess.DEVNULL,
@@ -145,7 +145,7 @@ async def main(args: argparse.Namespace) -> None:
     relay = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "dispatcher.cli",
+        "dispatcher",
         "relay",
         env=env,
         stdout=asyncio.subprocess.DEVNULL,

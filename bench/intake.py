@@ -1,7 +1,7 @@
 """Intake throughput at 1, 16 and 64 concurrent clients, next to the ceilings of this
 machine measured in the same run:
 
-  library  ``dispatcher.intake.submit`` in the caller's transaction (SQLAlchemy async,
+  library  ``dispatcher.intake.service.submit`` in the caller's transaction (SQLAlchemy async,
            psycopg 3, pool size = clients)
   http     ``POST /v1/tool-calls`` against ``tool-dispatcher serve`` in its own process,
            driven by a minimal raw asyncio HTTP/1.1 keep-alive client in this process
@@ -52,12 +52,12 @@ from bench.harness import (
     postgres_processes,
     render_table,
 )
-from dispatcher import migrate
-from dispatcher.capabilities import load_registry
-from dispatcher.db import create_engine, session_factory
-from dispatcher.embedded import free_port, wait_for_port
-from dispatcher.intake import SubmitRequest, fingerprint, submit
+from dispatcher.db import migrate
+from dispatcher.db.engine import create_engine, session_factory
+from dispatcher.intake.service import SubmitRequest, fingerprint, submit
 from dispatcher.settings import Settings, hash_api_key
+from dispatcher.testing.embedded import free_port, wait_for_port
+from dispatcher.testing.registries import sandbox_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("library", "http", "pgbench", "psycopg")
@@ -103,7 +103,7 @@ PSYCOPG_SQL = (
 def event_message(
     event_id: str, event_type: str, run: str, tc: str, causation: str | None, now: str
 ) -> tuple[str, str, Jsonb, Jsonb]:
-    """Outbox values publishing one event (same fields as dispatcher.events)."""
+    """Outbox values publishing one event (same fields as dispatcher.ledger.events)."""
     body: dict[str, object] = {
         "eventId": event_id,
         "eventType": event_type,
@@ -233,7 +233,7 @@ async def run_library(url: str, clients: int, seconds: float, warmup: float) -> 
     # Like the raw psycopg pool it is compared with: no pre-ping round trip per checkout.
     engine = create_engine(Settings(database_url=url, db_pool_size=clients, db_pool_pre_ping=False))
     sessions = session_factory(engine)
-    registry = load_registry()
+    registry = sandbox_registry()
 
     def client(i: int) -> Call:
         async def call() -> None:
@@ -415,7 +415,7 @@ def server_flavour() -> str:
 async def api_process(
     url: str, clients: int, key: str, log: Path
 ) -> AsyncIterator[tuple[int, int]]:
-    """``python -m dispatcher.cli serve`` in its own process; yields (port, pid)."""
+    """``python -m dispatcher serve`` in its own process; yields (port, pid)."""
     port = free_port()
     env = {
         **os.environ,
@@ -427,7 +427,7 @@ async def api_process(
     }
     out = await asyncio.to_thread(log.open, "wb")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "dispatcher.cli", "serve",
+        sys.executable, "-m", "dispatcher", "serve",
         cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:

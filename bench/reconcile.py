@@ -33,11 +33,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.sandbox import _connection  # noqa: E402
-from dispatcher import migrate  # noqa: E402
 from dispatcher.capabilities import Capability, CapabilityRegistry  # noqa: E402
-from dispatcher.db import engine_for, session_factory  # noqa: E402
-from dispatcher.embedded import free_port  # noqa: E402
-from dispatcher.tables import tool_calls  # noqa: E402
+from dispatcher.db import migrate  # noqa: E402
+from dispatcher.db.engine import engine_for, session_factory  # noqa: E402
+from dispatcher.db.tables import tool_calls  # noqa: E402
+from dispatcher.testing.embedded import free_port  # noqa: E402
 from reconciler import Reconciler  # noqa: E402
 
 
@@ -92,7 +92,7 @@ async def run(args: argparse.Namespace, url: str) -> None:
     server = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "dispatcher.sandbox",
+        "dispatcher.testing.sandbox",
         "--port",
         str(port),
         stdout=asyncio.subprocess.PIPE,

@@ -27,8 +27,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dispatcher import migrate  # noqa: E402
-from dispatcher.embedded import Tansu  # noqa: E402
+from dispatcher.db import migrate  # noqa: E402
+from dispatcher.testing.embedded import Tansu  # noqa: E402
 from outbox_relay import OutboxMessage, RelayConfig, run_relay  # noqa: E402
 from outbox_relay.kafka import kafka_headers  # noqa: E402
 

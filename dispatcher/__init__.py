@@ -6,10 +6,10 @@ The library surface for producers that write in their own PostgreSQL transaction
 
 from dispatcher.capabilities import Capability, CapabilityRegistry, load_registry
 from dispatcher.errors import DispatcherError
-from dispatcher.intake import Submission, SubmitRequest, submit, submit_many
+from dispatcher.intake.service import Submission, SubmitRequest, submit, submit_many
+from dispatcher.schemas import EventView, ToolCallView
 from dispatcher.settings import Settings, load_settings
 from dispatcher.states import ExecutionStatus, ReconciliationStatus, VerificationStatus
-from dispatcher.views import EventView, ToolCallView
 
 __all__ = [
     "Capability",

@@ -15,8 +15,6 @@ from pydantic.alias_generators import to_camel
 
 from dispatcher.errors import CapabilityNotFound, ValidationFailed
 
-DEFAULT_REGISTRY = Path(__file__).with_name("capabilities.toml")
-
 
 class _Model(BaseModel):
     model_config = ConfigDict(
@@ -119,10 +117,11 @@ class CapabilityRegistry:
         return len(self._by_id)
 
 
-def load_registry(path: Path | None = None) -> CapabilityRegistry:
-    """Read ``[[capability]]`` tables from a TOML file (the packaged sandbox registry
-    when ``path`` is None). Raises ValueError naming the file on any mistake."""
-    source = path or DEFAULT_REGISTRY
+def load_registry(path: Path) -> CapabilityRegistry:
+    """Read ``[[capability]]`` tables from a TOML file. Raises ValueError naming the file
+    on any mistake. There is no default: a service that silently fell back to the
+    sandbox registry would send real refunds to a local test server."""
+    source = path
     try:
         data = tomllib.loads(source.read_text())
         items = [Capability.model_validate(raw) for raw in data.get("capability", [])]

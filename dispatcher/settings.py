@@ -73,7 +73,7 @@ class Settings(BaseSettings):
     kafka_session_timeout_ms: int = Field(default=10_000, ge=1000)
     recovery_interval_seconds: float = Field(default=2.0, gt=0)
     # A call authorized this long without a dispatch command in flight lost it (a broker
-    # that forgot its messages): its command is written again (dispatcher.redrive).
+    # that forgot its messages): its command is written again (dispatcher.worker.redrive).
     redrive_after_seconds: float = Field(default=60.0, gt=0)
     redrive_interval_seconds: float = Field(default=15.0, gt=0)
     # e.g. "after-send:3": SIGKILL at the 3rd pass of that point (crash tests only).

@@ -1,6 +1,6 @@
 """Execution and verification states, and the one table of allowed transitions.
 
-Pure data: :mod:`dispatcher.transitions` is the only code that moves a call, and it
+Pure data: :mod:`dispatcher.ledger.transitions` is the only code that moves a call, and it
 asks :func:`check_transition` first.
 """
 

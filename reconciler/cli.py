@@ -22,8 +22,9 @@ from prometheus_client import start_http_server
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dispatcher.capabilities import CapabilityRegistry, load_registry
-from dispatcher.db import create_engine, session_factory
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.cli.parsing import require_registry
+from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.settings import Settings
 from reconciler.loop import Reconciler
 
@@ -44,10 +45,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     """Run the reconciler once or until a signal."""
     if settings.database_url is None:
         return _fail("TOOL_DISPATCHER_DATABASE_URL is not set", 2)
-    try:
-        registry = load_registry(settings.capabilities_file)
-    except ValueError as exc:
-        return _fail(str(exc).splitlines()[0], 2)
+    registry = require_registry(settings)
     try:
         # uvloop: the lookups are CPU-bound in the HTTP client; it measurably helps.
         return uvloop.run(_main(settings, registry, once=args.once))

@@ -22,9 +22,9 @@ from typing import Any
 from sqlalchemy import ColumnElement, extract, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from dispatcher.db.tables import tool_calls
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus
-from dispatcher.tables import tool_calls
 
 FOLLOWED_UP = (S.RESULT_UNKNOWN, S.ACCEPTED)
 """Statuses the reconciler settles: unknown outcomes, and accepted-but-pending calls."""

@@ -28,10 +28,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import Capability, CapabilityRegistry
 from dispatcher.errors import CapabilityNotFound, TransitionConflict
-from dispatcher.events import EventType
-from dispatcher.execution import Executor
-from dispatcher.provider import ProviderClient
+from dispatcher.ledger.events import EventType
+from dispatcher.provider.client import ProviderClient
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.worker.executor import Executor
 from reconciler import metrics
 from reconciler.due import DueCall, claim_due, database_now
 from reconciler.lookup import (

@@ -11,8 +11,8 @@ from prometheus_client import Counter, Gauge
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from dispatcher.db.tables import escalations, tool_calls
 from dispatcher.states import ReconciliationStatus
-from dispatcher.tables import escalations, tool_calls
 
 UNKNOWN_BACKLOG = Gauge(
     "tool_dispatcher_reconciler_unknown_backlog",

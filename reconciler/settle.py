@@ -2,7 +2,7 @@
 
 Every write is fenced by the reconciler's claim (lease owner and version, see
 :mod:`reconciler.due`): a call another reconciler took over is left alone. Status
-changes go through :func:`dispatcher.transitions.move` / ``move_many`` (their events
+changes go through :func:`dispatcher.ledger.transitions.move` / ``move_many`` (their events
 and outbox rows in the same transaction); a lookup that settles nothing leaves a
 ``tool.call.reconcile_attempted`` event, so the log holds every attempt and answer.
 """
@@ -16,12 +16,12 @@ from typing import Any
 from sqlalchemy import Float, Integer, Text, cast, column, func, update, values
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from dispatcher.escalations import EscalationView, escalate
-from dispatcher.events import CallContext, EventType, event_row, record_events
+from dispatcher.control.escalations import EscalationView, escalate
+from dispatcher.db.tables import tool_calls
+from dispatcher.ledger.events import CallContext, EventType, event_row, record_events
+from dispatcher.ledger.transitions import BulkMove, move, move_many
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
-from dispatcher.tables import tool_calls
-from dispatcher.transitions import BulkMove, move, move_many
 from reconciler.due import FOLLOWED_UP, DueCall
 
 PRODUCER = "tool-dispatcher.reconciler"
@@ -154,7 +154,7 @@ class Writer:
         self, session: AsyncSession, call: DueCall, *, reason: str, evidence: Mapping[str, Any]
     ) -> EscalationView:
         """``-> escalated`` plus the escalation record and its message (exactly once:
-        see :mod:`dispatcher.escalations`). Raises TransitionConflict if taken over."""
+        see :mod:`dispatcher.control.escalations`). Raises TransitionConflict if taken over."""
         return await escalate(
             session,
             call.tool_call_id,

@@ -18,7 +18,7 @@ import httpx
 import psycopg
 from psycopg import sql
 
-from dispatcher.embedded import free_port, wait_for_port
+from dispatcher.testing.embedded import free_port, wait_for_port
 from tests.services import with_database
 from tests.stack_support import API_KEY, ProcessStack
 

@@ -9,10 +9,10 @@ from contextlib import asynccontextmanager
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from dispatcher.api.server import api_server, wait_started
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.embedded import free_port
-from dispatcher.serving import api_server, wait_started
 from dispatcher.settings import ApiKey, Settings, hash_api_key
+from dispatcher.testing.embedded import free_port
 
 ACME_KEY = "tdk_test_acme_submit_and_read"
 ACME_READ_ONLY_KEY = "tdk_test_acme_read_only"

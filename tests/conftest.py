@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from dispatcher import migrate
-from dispatcher.capabilities import CapabilityRegistry, load_registry
-from dispatcher.db import engine_for, session_factory
-from dispatcher.embedded import EmbeddedPostgres, Tansu
-from dispatcher.sandbox import SandboxServer
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.db import migrate
+from dispatcher.db.engine import engine_for, session_factory
 from dispatcher.settings import Settings, load_settings
+from dispatcher.testing.embedded import EmbeddedPostgres, Tansu
+from dispatcher.testing.registries import sandbox_registry
+from dispatcher.testing.sandbox import SandboxServer
 from tests.services import TestEnvironment, admin, unique_name, with_database
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,7 +98,7 @@ def settings(database_url: str) -> Settings:
 @pytest.fixture
 def registry() -> CapabilityRegistry:
     """The packaged sandbox registry (refund-order-v2, refund-order-approved, ...)."""
-    return load_registry()
+    return sandbox_registry()
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import Capability, CapabilityRegistry
+from dispatcher.db.tables import approvals, outbox, tool_calls
 from dispatcher.settings import ApiKey, hash_api_key
-from dispatcher.tables import approvals, outbox, tool_calls
 
 ALICE = "tdk_test_acme_alice"  # submits, reads and approves
 BOB = "tdk_test_acme_bob"  # approves and reads

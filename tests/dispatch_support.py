@@ -10,8 +10,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import Capability, CapabilityRegistry
-from dispatcher.intake import SubmitRequest, submit
-from dispatcher.tables import execution_events, outbox, tool_calls
+from dispatcher.db.tables import execution_events, outbox, tool_calls
+from dispatcher.intake.service import SubmitRequest, submit
 
 
 def capability(

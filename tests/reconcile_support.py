@@ -13,11 +13,11 @@ from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import Capability, CapabilityRegistry
-from dispatcher.escalations import DEFAULT_ESCALATIONS_TOPIC
-from dispatcher.events import DEFAULT_EVENTS_TOPIC
-from dispatcher.execution import Executor
-from dispatcher.provider import ProviderClient
-from dispatcher.tables import escalations, execution_events, outbox, tool_calls
+from dispatcher.control.escalations import DEFAULT_ESCALATIONS_TOPIC
+from dispatcher.db.tables import escalations, execution_events, outbox, tool_calls
+from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
+from dispatcher.provider.client import ProviderClient
+from dispatcher.worker.executor import Executor
 from reconciler import Reconciler, Tally
 from tests.dispatch_support import add_fault, submit_call
 

@@ -1,4 +1,4 @@
-"""Running the service's own processes (`python -m dispatcher.cli ...`) against the
+"""Running the service's own processes (`python -m dispatcher ...`) against the
 test's database, broker and sandbox, for the crash and end-to-end tests."""
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class ProcessStack:
         # The child keeps its own copy of the descriptor; ours is closed at once.
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "dispatcher.cli", command, *args],
+                [sys.executable, "-m", "dispatcher", command, *args],
                 env={**self.env, **{f"TOOL_DISPATCHER_{k.upper()}": v for k, v in env.items()}},
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -102,7 +102,7 @@ class ProcessStack:
 
     def run(self, command: str, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "dispatcher.cli", command, *args],
+            [sys.executable, "-m", "dispatcher", command, *args],
             env=self.env,
             capture_output=True,
             text=True,

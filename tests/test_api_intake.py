@@ -18,9 +18,9 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.db import engine_for
+from dispatcher.db.engine import engine_for
+from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.settings import Settings, load_settings
-from dispatcher.tables import execution_events, outbox, tool_calls
 from tests.api_support import (
     ACME_KEY,
     ACME_READ_ONLY_KEY,

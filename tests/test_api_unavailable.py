@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.embedded import free_port
 from dispatcher.settings import ApiKey, Settings, hash_api_key, load_settings
+from dispatcher.testing.embedded import free_port
 from tests.api_support import bearer, running_api
 
 OPERATOR_KEY = "tdk_test_acme_every_scope"

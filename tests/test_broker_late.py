@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import load_registry
-from dispatcher.embedded import Tansu, free_port
-from dispatcher.sandbox import SandboxServer
+from dispatcher.testing.embedded import Tansu, free_port
+from dispatcher.testing.sandbox import SandboxServer
 from tests.dispatch_support import books, call_row, submit_call
 from tests.stack_support import ProcessStack, eventually
 

@@ -28,7 +28,7 @@ def test_blind_retry_is_reported_as_duplicate_effects(
         [
             sys.executable,
             "-m",
-            "dispatcher.cli",
+            "dispatcher",
             "chaos",
             "--duration",
             "20",

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from dispatcher.chaos.checker import CallRecord, Evidence, check
-from dispatcher.chaos.proxy import ProxyMode, TcpProxy
-from dispatcher.chaos.schedule import FaultKind, applicable, plan
+from dispatcher.schemas import EventView
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import VerificationStatus as V
-from dispatcher.views import EventView
+from dispatcher.testing.chaos.checker import CallRecord, Evidence, check
+from dispatcher.testing.chaos.proxy import ProxyMode, TcpProxy
+from dispatcher.testing.chaos.schedule import FaultKind, applicable, plan
 
 
 def test_plan_is_a_function_of_the_seed() -> None:
@@ -224,7 +224,7 @@ async def test_proxy_passes_stalls_and_cuts() -> None:
 )
 def test_bad_arguments_exit_2_with_one_line(args: list[str]) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "dispatcher.cli", "chaos", *args],
+        [sys.executable, "-m", "dispatcher", "chaos", *args],
         capture_output=True,
         text=True,
         timeout=60,

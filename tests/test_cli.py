@@ -18,10 +18,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """``python -m dispatcher.cli`` with no TOOL_DISPATCHER_* setting but those given."""
+    """``python -m dispatcher`` with no TOOL_DISPATCHER_* setting but those given."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TOOL_DISPATCHER_")}
     return subprocess.run(
-        [sys.executable, "-m", "dispatcher.cli", *args],
+        [sys.executable, "-m", "dispatcher", *args],
         env={**clean, **env},
         cwd=REPO,
         capture_output=True,
@@ -60,10 +60,28 @@ def test_bad_setting() -> None:
 
 
 def test_unreadable_capabilities_file(tmp_path: Path) -> None:
+    # `serve` needs the registry (migrate no longer reads it); the URL is never dialled.
     line = assert_one_line_error(
-        run_cli("migrate", TOOL_DISPATCHER_CAPABILITIES_FILE=str(tmp_path / "missing.toml"))
+        run_cli(
+            "serve",
+            TOOL_DISPATCHER_DATABASE_URL="postgresql://nobody@127.0.0.1:1/none",
+            TOOL_DISPATCHER_CAPABILITIES_FILE=str(tmp_path / "missing.toml"),
+        )
     )
     assert "missing.toml" in line
+
+
+@pytest.mark.parametrize("command", ["serve", "worker", "recover --once", "reconcile"])
+def test_a_service_without_a_capabilities_file_refuses_to_start(command: str) -> None:
+    # No silent fallback to the sandbox registry (it points at 127.0.0.1:8790).
+    line = assert_one_line_error(
+        run_cli(
+            *command.split(),
+            TOOL_DISPATCHER_DATABASE_URL="postgresql://nobody@127.0.0.1:1/none",
+            TOOL_DISPATCHER_KAFKA_BOOTSTRAP="127.0.0.1:1",
+        )
+    )
+    assert "TOOL_DISPATCHER_CAPABILITIES_FILE" in line
 
 
 @pytest.mark.postgres

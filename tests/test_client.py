@@ -24,12 +24,12 @@ from dispatcher.errors import (
     Unauthenticated,
     ValidationFailed,
 )
-from dispatcher.events import DEFAULT_EVENTS_TOPIC
-from dispatcher.execution import Executor
-from dispatcher.intake import SubmitRequest
-from dispatcher.provider import ProviderClient
-from dispatcher.sandbox import SandboxServer
+from dispatcher.intake.service import SubmitRequest
+from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
+from dispatcher.provider.client import ProviderClient
 from dispatcher.settings import Settings
+from dispatcher.testing.sandbox import SandboxServer
+from dispatcher.worker.executor import Executor
 from tests.api_support import bearer, running_api
 from tests.control_support import ALICE, BOB, OPERATOR, approval_capability, control_keys
 from tests.dispatch_support import books, capability, registry_of

@@ -14,16 +14,16 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.control.escalations import Actor
+from dispatcher.control.runs import stop_run
+from dispatcher.db.tables import runs, tool_calls
 from dispatcher.errors import RunStopped
-from dispatcher.escalations import Actor
-from dispatcher.execution import Executor
-from dispatcher.intake import SubmitRequest, submit
-from dispatcher.provider import ProviderClient
-from dispatcher.runs import stop_run
-from dispatcher.sandbox import SandboxServer
+from dispatcher.intake.service import SubmitRequest, submit
+from dispatcher.provider.client import ProviderClient
 from dispatcher.settings import Settings
 from dispatcher.states import ExecutionStatus as S
-from dispatcher.tables import runs, tool_calls
+from dispatcher.testing.sandbox import SandboxServer
+from dispatcher.worker.executor import Executor
 from tests.api_support import bearer, running_api
 from tests.control_support import (
     ALICE,

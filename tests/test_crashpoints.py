@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dispatcher.crashpoints import CrashPoints
+from dispatcher.worker.crashpoints import CrashPoints
 
 
 def test_unarmed_points_do_nothing() -> None:
@@ -24,7 +24,7 @@ def test_bad_specs_are_refused(spec: str) -> None:
 
 def test_the_nth_hit_kills_the_process_with_sigkill() -> None:
     script = (
-        "from dispatcher.crashpoints import CrashPoints\n"
+        "from dispatcher.worker.crashpoints import CrashPoints\n"
         "p = CrashPoints('after-claim:1,after-send:3')\n"
         "p.hit('after-record')\n"
         "for i in range(5):\n"

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.escalations import escalate
+from dispatcher.control.escalations import escalate
 from dispatcher.settings import ApiKey, Settings, hash_api_key
 from dispatcher.states import ExecutionStatus as S
 from tests.api_support import bearer, running_api

@@ -22,22 +22,23 @@ from jsonschema import Draft202012Validator, FormatChecker
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dispatcher import approvals, control, escalations, runs
-from dispatcher.approvals import DecisionRequest
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.control import RetryRequest
-from dispatcher.escalations import Actor
-from dispatcher.events import DEFAULT_EVENTS_TOPIC, EventType, envelope
-from dispatcher.execution import Executor
-from dispatcher.intake import DEFAULT_DISPATCH_TOPIC
-from dispatcher.provider import ProviderClient
-from dispatcher.recovery import recover_expired
-from dispatcher.redrive import redrive_stale
-from dispatcher.run_view import fold_run
-from dispatcher.sandbox import SandboxServer
+from dispatcher.control import approvals, escalations, runs
+from dispatcher.control import retry as control
+from dispatcher.control.approvals import DecisionRequest
+from dispatcher.control.escalations import Actor
+from dispatcher.control.retry import RetryRequest
+from dispatcher.db.tables import execution_events, outbox, tool_calls
+from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC
+from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC, EventType, envelope
+from dispatcher.provider.client import ProviderClient
+from dispatcher.schemas import EventView
 from dispatcher.states import ExecutionStatus as S
-from dispatcher.tables import execution_events, outbox, tool_calls
-from dispatcher.views import EventView
+from dispatcher.testing.sandbox import SandboxServer
+from dispatcher.views.run_view import fold_run
+from dispatcher.worker.executor import Executor
+from dispatcher.worker.recovery import recover_expired
+from dispatcher.worker.redrive import redrive_stale
 from tests.control_support import approval_capability, approval_of
 from tests.dispatch_support import capability, submit_call
 from tests.reconcile_support import (

@@ -10,12 +10,12 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.embedded import free_port
-from dispatcher.events import DEFAULT_EVENTS_TOPIC
-from dispatcher.execution import Executor
-from dispatcher.provider import ProviderClient
-from dispatcher.sandbox import SandboxServer
+from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
+from dispatcher.provider.client import ProviderClient
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.testing.embedded import free_port
+from dispatcher.testing.sandbox import SandboxServer
+from dispatcher.worker.executor import Executor
 from tests.dispatch_support import (
     add_fault,
     books,

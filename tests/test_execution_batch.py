@@ -13,15 +13,15 @@ from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.events import DEFAULT_EVENTS_TOPIC
-from dispatcher.execution import Executor
-from dispatcher.intake import DEFAULT_DISPATCH_TOPIC
-from dispatcher.outcomes import Sent
-from dispatcher.provider import OutcomeKind, ProviderClient, ProviderOutcome
-from dispatcher.recovery import recover_expired
-from dispatcher.sandbox import SandboxServer
+from dispatcher.db.tables import execution_events, outbox, tool_calls
+from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC
+from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
+from dispatcher.provider.client import OutcomeKind, ProviderClient, ProviderOutcome
 from dispatcher.states import ExecutionStatus as S
-from dispatcher.tables import execution_events, outbox, tool_calls
+from dispatcher.testing.sandbox import SandboxServer
+from dispatcher.worker.executor import Executor
+from dispatcher.worker.outcomes import Sent
+from dispatcher.worker.recovery import recover_expired
 from tests.dispatch_support import (
     books,
     call_row,

@@ -69,7 +69,7 @@ def test_dispatcher_is_seen_importing_outbox_relay() -> None:
 
 def test_every_import_form_is_seen() -> None:
     source = (
-        "import dispatcher.intake\n"
+        "import dispatcher.intake.service\n"
         "import json as j, os\n"
         "from reconciler import x\n"
         "from . import sibling\n"
@@ -80,7 +80,7 @@ def test_every_import_form_is_seen() -> None:
         "    from outbox_relay.table import T\n"
     )
     assert imported_modules(source, "pkg.sub") == {
-        "dispatcher.intake",
+        "dispatcher.intake.service",
         "json",
         "os",
         "reconciler",

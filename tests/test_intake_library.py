@@ -1,4 +1,4 @@
-"""Library intake (``dispatcher.intake.submit`` / ``submit_many``) inside the caller's own
+"""Library intake (``dispatcher.intake.service.submit`` / ``submit_many``) inside the caller's own
 PostgreSQL transaction: the call, its events and its dispatch command commit or roll
 back with the caller's domain write, and idempotency keys replay or refuse."""
 
@@ -14,20 +14,20 @@ from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.errors import (
     CapabilityNotFound,
     IdempotencyKeyReused,
     ToolCallIdConflict,
     ValidationFailed,
 )
-from dispatcher.intake import (
+from dispatcher.intake.service import (
     DEFAULT_DISPATCH_TOPIC,
     Submission,
     SubmitRequest,
     submit,
     submit_many,
 )
-from dispatcher.tables import execution_events, outbox, tool_calls
 
 pytestmark = pytest.mark.postgres
 

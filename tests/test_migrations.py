@@ -6,9 +6,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, pool
 
-from dispatcher import migrate
+from dispatcher.db import migrate
+from dispatcher.db.tables import metadata
 from dispatcher.settings import to_sqlalchemy_url
-from dispatcher.tables import metadata
 
 pytestmark = pytest.mark.postgres
 

@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dispatcher.embedded import free_port, wait_for_port
-from dispatcher.tables import tool_calls
+from dispatcher.db.tables import tool_calls
+from dispatcher.testing.embedded import free_port, wait_for_port
 from tests.dispatch_support import add_fault, books
 from tests.stack_support import API_KEY, ProcessStack, eventually, exited
 

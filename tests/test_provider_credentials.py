@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dispatcher.events import DEFAULT_EVENTS_TOPIC
-from dispatcher.execution import Executor
-from dispatcher.provider import ProviderClient
+from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
+from dispatcher.provider.client import ProviderClient
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.worker.executor import Executor
 from tests.dispatch_support import capability, registry_of, submit_call
 
 pytestmark = pytest.mark.postgres

@@ -77,6 +77,6 @@ def test_every_exported_name_exists_and_is_listed_once(package: str) -> None:
 
 
 def test_library_submit_is_the_intake_function() -> None:
-    from dispatcher.intake import submit
+    from dispatcher.intake.service import submit
 
     assert dispatcher.submit is submit

@@ -12,8 +12,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dispatcher.sandbox import SandboxServer
-from dispatcher.tables import escalations, tool_calls
+from dispatcher.db.tables import escalations, tool_calls
+from dispatcher.testing.registries import SANDBOX_REGISTRY
+from dispatcher.testing.sandbox import SandboxServer
 from tests.dispatch_support import add_fault, books
 from tests.reconcile_support import create_at_sandbox, insert_unknown_calls
 from tests.test_cli import REPO, run_cli
@@ -49,12 +50,12 @@ timeoutSeconds = 3
 
 
 async def cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
-    """``python -m dispatcher.cli`` without blocking the loop the sandbox runs on."""
+    """``python -m dispatcher`` without blocking the loop the sandbox runs on."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TOOL_DISPATCHER_")}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "dispatcher.cli",
+        "dispatcher",
         *args,
         env={**clean, **env},
         cwd=REPO,
@@ -124,6 +125,7 @@ def test_an_unreachable_database_exits_1() -> None:
         "reconcile",
         "--once",
         TOOL_DISPATCHER_DATABASE_URL="postgresql://nobody@127.0.0.1:1/none",
+        TOOL_DISPATCHER_CAPABILITIES_FILE=str(SANDBOX_REGISTRY),
     )
     assert result.returncode == 1
     assert result.stderr.splitlines() == [

@@ -10,8 +10,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.sandbox import SandboxServer
-from dispatcher.tables import execution_events, tool_calls
+from dispatcher.db.tables import execution_events, tool_calls
+from dispatcher.testing.sandbox import SandboxServer
 from reconciler import Reconciler, Tally
 from reconciler.loop import reconcile_once
 from tests.dispatch_support import books, registry_of

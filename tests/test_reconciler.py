@@ -13,14 +13,14 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.compensation import request_compensation
-from dispatcher.events import DEFAULT_EVENTS_TOPIC
-from dispatcher.execution import Executor
-from dispatcher.intake import DEFAULT_DISPATCH_TOPIC
-from dispatcher.provider import ProviderClient
-from dispatcher.recovery import recover_expired
-from dispatcher.sandbox import SandboxServer
-from dispatcher.tables import tool_calls
+from dispatcher.control.compensation import request_compensation
+from dispatcher.db.tables import tool_calls
+from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC
+from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
+from dispatcher.provider.client import ProviderClient
+from dispatcher.testing.sandbox import SandboxServer
+from dispatcher.worker.executor import Executor
+from dispatcher.worker.recovery import recover_expired
 from reconciler import Tally, metrics
 from tests.dispatch_support import add_fault, books, call_row, registry_of, submit_call
 from tests.reconcile_support import (

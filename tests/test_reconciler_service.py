@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from dispatcher.db import engine_for, session_factory
-from dispatcher.sandbox import SandboxServer
-from dispatcher.tables import tool_calls
+from dispatcher.db.engine import engine_for, session_factory
+from dispatcher.db.tables import tool_calls
+from dispatcher.testing.sandbox import SandboxServer
 from tests.reconcile_support import create_at_sandbox, insert_unknown_calls
 from tests.services import admin, unique_name, with_database
 from tests.stack_support import eventually
@@ -43,7 +43,7 @@ async def test_a_reconciler_started_while_the_database_is_down_waits_for_it(
     sessions = session_factory(engine)
     with log_path.open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "dispatcher.cli", "reconcile",
+            sys.executable, "-m", "dispatcher", "reconcile",
             env=env, cwd=REPO, stdout=log, stderr=log,
         )  # fmt: skip
     try:

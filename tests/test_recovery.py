@@ -12,14 +12,14 @@ from sqlalchemy import text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.events import DEFAULT_EVENTS_TOPIC
-from dispatcher.execution import Executor
-from dispatcher.intake import DEFAULT_DISPATCH_TOPIC
-from dispatcher.provider import OutcomeKind, ProviderClient, ProviderOutcome
-from dispatcher.recovery import recover_expired
-from dispatcher.sandbox import SandboxServer
+from dispatcher.db.tables import tool_calls
+from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC
+from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
+from dispatcher.provider.client import OutcomeKind, ProviderClient, ProviderOutcome
 from dispatcher.states import ExecutionStatus as S
-from dispatcher.tables import tool_calls
+from dispatcher.testing.sandbox import SandboxServer
+from dispatcher.worker.executor import Executor
+from dispatcher.worker.recovery import recover_expired
 from tests.dispatch_support import (
     books,
     call_row,

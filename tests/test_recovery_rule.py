@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.recovery import Recovery, decide
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.worker.recovery import Recovery, decide
 
 
 @pytest.mark.parametrize("side_effects", [True, False])

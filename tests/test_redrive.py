@@ -12,10 +12,10 @@ from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry, load_registry
-from dispatcher.intake import DEFAULT_DISPATCH_TOPIC
-from dispatcher.redrive import redrive_stale
-from dispatcher.sandbox import SandboxServer
-from dispatcher.tables import execution_events, outbox, tool_calls
+from dispatcher.db.tables import execution_events, outbox, tool_calls
+from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC
+from dispatcher.testing.sandbox import SandboxServer
+from dispatcher.worker.redrive import redrive_stale
 from tests.dispatch_support import books, call_row, capability, registry_of, submit_call
 from tests.stack_support import ProcessStack, eventually
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dispatcher.embedded import Tansu
+from dispatcher.testing.embedded import Tansu
 from tests.relay_support import (
     RunningRelay,
     TopicReader,

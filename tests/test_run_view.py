@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.run_view import fold_run
+from dispatcher.schemas import EventView
 from dispatcher.settings import Settings
-from dispatcher.views import EventView
+from dispatcher.views.run_view import fold_run
 from tests.api_support import bearer, running_api
 from tests.control_support import (
     ALICE,

@@ -1,4 +1,4 @@
-"""``dispatcher.transitions.move`` against PostgreSQL: a state change and its event are
+"""``dispatcher.ledger.transitions.move`` against PostgreSQL: a state change and its event are
 one transaction, and a stale mover (wrong state, lease or version) changes nothing."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.errors import IllegalTransition, TransitionConflict
-from dispatcher.events import EventType
-from dispatcher.intake import SubmitRequest, submit
+from dispatcher.intake.service import SubmitRequest, submit
+from dispatcher.ledger.events import EventType
+from dispatcher.ledger.transitions import move
 from dispatcher.states import ExecutionStatus
-from dispatcher.tables import execution_events, outbox, tool_calls
-from dispatcher.transitions import move
 
 pytestmark = pytest.mark.postgres
 

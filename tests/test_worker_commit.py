@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 
-from dispatcher.worker import commit_recorded
+from dispatcher.worker.consumer import commit_recorded
 
 pytestmark = [pytest.mark.kafka]
 
@@ -108,7 +108,7 @@ async def test_a_commit_refused_after_a_rebalance_is_logged_not_raised(
         try:
             assert taker.stdout.readline() == b"holding\n"
             tp = TopicPartition(topic, 0)
-            with caplog.at_level(logging.WARNING, logger="dispatcher.worker"):
+            with caplog.at_level(logging.WARNING, logger="dispatcher.worker.consumer"):
                 await commit_recorded(member.consumer, {tp: OffsetAndMetadata(1, "")})
             assert "not committed: the group rebalanced" in caplog.text
             assert await _committed(kafka_bootstrap, group, tp) is None
@@ -122,6 +122,6 @@ async def test_a_commit_of_a_partition_no_longer_held_is_logged_not_raised(
 ) -> None:
     # What a member sees once a completed rebalance gave some of its partitions away.
     gone = TopicPartition(member.topic, PARTITIONS)
-    with caplog.at_level(logging.WARNING, logger="dispatcher.worker"):
+    with caplog.at_level(logging.WARNING, logger="dispatcher.worker.consumer"):
         await commit_recorded(member.consumer, {gone: OffsetAndMetadata(1, "")})
     assert f"not committed: IllegalStateError: Partition {gone} is not assigned" in caplog.text

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import load_registry
-from dispatcher.sandbox import SandboxServer
+from dispatcher.testing.sandbox import SandboxServer
 from tests.dispatch_support import add_fault, books, call_row, event_types, submit_call
 from tests.stack_support import ProcessStack, eventually
 

@@ -24,15 +24,15 @@ from dispatcher.api.escalations import add_escalation_routes
 from dispatcher.api.middleware import BodyLimit, RequestTiming
 from dispatcher.api.runs import add_run_routes
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.db import create_engine, session_factory
+from dispatcher.db.engine import create_engine, session_factory
+from dispatcher.db.tables import execution_events, tool_calls
 from dispatcher.errors import ServiceUnavailable, ToolCallNotFound, ValidationFailed
-from dispatcher.intake import SubmitRequest
-from dispatcher.intake_batcher import IntakeBatcher
+from dispatcher.intake.batcher import IntakeBatcher
+from dispatcher.intake.service import SubmitRequest
 from dispatcher.metrics import INTAKE_SUBMISSIONS
+from dispatcher.schemas import EventView, ToolCallView
 from dispatcher.settings import Settings
 from dispatcher.states import SETTLED_STATES
-from dispatcher.tables import execution_events, tool_calls
-from dispatcher.views import EventView, ToolCallView
 
 JSON = "application/json"
 # A long-poll holds a request, not a connection to the database; the cap keeps it

@@ -9,11 +9,11 @@ from typing import Annotated
 from fastapi import FastAPI, Query, Request, Response
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dispatcher import approvals
 from dispatcher.api.auth import ApiKeyAuth
 from dispatcher.api.bodies import parse_body
-from dispatcher.approvals import ApprovalStatus, DecisionRequest
 from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.control import approvals
+from dispatcher.control.approvals import ApprovalStatus, DecisionRequest
 from dispatcher.settings import Settings
 
 JSON = "application/json"

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from dispatcher.control.escalations import Actor
 from dispatcher.errors import Forbidden, Unauthenticated
-from dispatcher.escalations import Actor
 from dispatcher.settings import ApiKey, Scope, hash_api_key
 
 

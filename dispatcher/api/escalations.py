@@ -10,10 +10,10 @@ from typing import Annotated
 from fastapi import FastAPI, Query, Request, Response
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dispatcher import escalations
 from dispatcher.api.auth import ApiKeyAuth
 from dispatcher.api.bodies import parse_body
-from dispatcher.escalations import EscalationStatus, ResolveRequest
+from dispatcher.control import escalations
+from dispatcher.control.escalations import EscalationStatus, ResolveRequest
 from dispatcher.settings import Settings
 
 JSON = "application/json"

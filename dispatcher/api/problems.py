@@ -94,7 +94,7 @@ def install(app: FastAPI) -> None:
     async def database_error(request: Request, exc: Exception) -> JSONResponse:
         if not database_unavailable(exc):
             raise exc  # a bug: on to ``unexpected`` and its 500
-        # The answer intake gives (dispatcher.intake_batcher), so a client has one rule:
+        # The answer intake gives (dispatcher.intake.batcher), so a client has one rule:
         # 503 service_unavailable is safe to retry. A warning without a traceback: an
         # outage fails every request alike. The driver's message, which names hosts and
         # ports, stays in the log.

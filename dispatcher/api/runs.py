@@ -7,15 +7,16 @@ import json
 
 from fastapi import FastAPI, Request, Response
 
-from dispatcher import control, runs
 from dispatcher.api.approvals import Sessions
 from dispatcher.api.auth import ApiKeyAuth
 from dispatcher.api.bodies import parse_body
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.control import RetryRequest
-from dispatcher.run_view import load_run_view
-from dispatcher.runs import StopRequest
+from dispatcher.control import retry as control
+from dispatcher.control import runs
+from dispatcher.control.retry import RetryRequest
+from dispatcher.control.runs import StopRequest
 from dispatcher.settings import Settings
+from dispatcher.views.run_view import load_run_view
 
 JSON = "application/json"
 

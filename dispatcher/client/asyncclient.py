@@ -10,11 +10,11 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from dispatcher.approvals import ApprovalView
 from dispatcher.client.problems import WaitTimedOut, error_from
-from dispatcher.intake import Submission, SubmitRequest
+from dispatcher.control.approvals import ApprovalView
+from dispatcher.intake.service import Submission, SubmitRequest
+from dispatcher.schemas import ToolCallView
 from dispatcher.states import SETTLED_STATES
-from dispatcher.views import ToolCallView
 
 # The server holds one long-poll at most this long (dispatcher.api.app.MAX_WAIT_SECONDS);
 # a longer wait is several polls in a row.

@@ -12,7 +12,7 @@ import httpx
 
 from dispatcher import errors
 from dispatcher.errors import DispatcherError
-from dispatcher.views import ToolCallView
+from dispatcher.schemas import ToolCallView
 
 
 class ApiError(DispatcherError):

@@ -7,10 +7,10 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from dispatcher.approvals import ApprovalView
 from dispatcher.client.asyncclient import DispatcherClient, StopResult
-from dispatcher.intake import Submission, SubmitRequest
-from dispatcher.views import ToolCallView
+from dispatcher.control.approvals import ApprovalView
+from dispatcher.intake.service import Submission, SubmitRequest
+from dispatcher.schemas import ToolCallView
 
 T = TypeVar("T")
 

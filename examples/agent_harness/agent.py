@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from dispatcher.arguments import OneLineArgumentParser
+from dispatcher.cli.parsing import OneLineArgumentParser
 from dispatcher.client import DispatcherClient
 from dispatcher.errors import DispatcherError
 from examples.agent_harness.checkpoint import (

@@ -17,9 +17,9 @@ from typing import Any
 
 from dispatcher.client import DispatcherClient, WaitTimedOut
 from dispatcher.errors import ToolCallNotFound
-from dispatcher.intake import SubmitRequest
+from dispatcher.intake.service import SubmitRequest
+from dispatcher.schemas import ToolCallView
 from dispatcher.states import SETTLED_STATES
-from dispatcher.views import ToolCallView
 from examples.agent_harness.checkpoint import PendingToolUse
 from examples.agent_harness.crash import CrashPlan
 from examples.agent_harness.tools import TOOLS

@@ -1,0 +1,5 @@
+"""``python -m dispatcher`` is the `tool-dispatcher` command."""
+
+from dispatcher.cli.main import main
+
+raise SystemExit(main())

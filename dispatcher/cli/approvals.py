@@ -1,0 +1,103 @@
+"""`tool-dispatcher approvals expire [--once]`: the approval expiry sweeper.
+
+Registered through the ``tool_dispatcher.commands`` entry-point group. Each pass
+closes every pending approval past its expiry (``approval.expired``; the call is
+cancelled), a bounded batch per transaction. ``--once`` makes one pass and exits
+(for cron); without it, a pass every ``--interval`` seconds until interrupted.
+A missing database setting exits 2 with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+from typing import Any
+
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.cli.parsing import OneLineArgumentParser
+from dispatcher.control.approvals import expire_due
+from dispatcher.db.engine import create_engine, session_factory
+from dispatcher.settings import Settings
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``approvals`` command to the `tool-dispatcher` parser."""
+    parser = subparsers.add_parser("approvals", help="human approvals of tool calls")
+    sub = parser.add_subparsers(
+        dest="approvals_command", required=True, parser_class=OneLineArgumentParser
+    )
+    expire = sub.add_parser("expire", help="close pending approvals past their expiry")
+    expire.add_argument("--once", action="store_true", help="one pass, then exit")
+    expire.add_argument("--interval", type=float, default=30.0, help="seconds between passes")
+    expire.add_argument("--batch", type=int, default=500, help="approvals per transaction")
+    parser.set_defaults(handler=run)
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"tool-dispatcher: error: {message}", file=sys.stderr)
+    return code
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    """Run one ``approvals`` subcommand."""
+    if settings.database_url is None:
+        return _fail("TOOL_DISPATCHER_DATABASE_URL is not set")
+    if args.interval <= 0 or args.batch < 1:
+        return _fail("--interval must be positive and --batch at least 1")
+    try:
+        return asyncio.run(_run(args, settings))
+    except (OperationalError, OSError) as exc:
+        return _fail(f"cannot reach the database: {type(exc).__name__}", 1)
+    except KeyboardInterrupt:
+        return 0
+
+
+async def expire_all(
+    sessions: async_sessionmaker[AsyncSession], *, events_topic: str, batch: int = 500
+) -> list[str]:
+    """One sweep: every approval due now, a batch per transaction."""
+    closed: list[str] = []
+    while True:
+        async with sessions() as session, session.begin():
+            done = await expire_due(session, limit=batch, events_topic=events_topic)
+        closed.extend(done)
+        if len(done) < batch:
+            return closed
+
+
+async def _run(args: argparse.Namespace, settings: Settings) -> int:
+    engine = create_engine(settings)
+    sessions = session_factory(engine)
+    try:
+        while True:
+            closed = await expire_all(
+                sessions, events_topic=settings.events_topic, batch=args.batch
+            )
+            print(f"expired: {len(closed)}", flush=True)
+            if args.once:
+                return 0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.sleep(args.interval)
+    finally:
+        await engine.dispose()
+
+
+async def run_service(
+    settings: Settings, registry: CapabilityRegistry, stop: asyncio.Event
+) -> None:
+    """The expiry sweeper until ``stop`` is set: what `tool-dispatcher up` runs (entry-point
+    group ``tool_dispatcher.services``)."""
+    engine = create_engine(settings)
+    sessions = session_factory(engine)
+    try:
+        while not stop.is_set():
+            await expire_all(sessions, events_topic=settings.events_topic)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), settings.approval_sweep_interval_seconds)
+    finally:
+        await engine.dispose()

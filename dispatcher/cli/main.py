@@ -1,0 +1,147 @@
+"""The `tool-dispatcher` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import secrets
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+
+from pydantic import ValidationError
+
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.cli import dev, outbox
+from dispatcher.cli.parsing import OneLineArgumentParser, fail, require_registry, until_signal
+from dispatcher.db import migrate
+from dispatcher.settings import Settings, hash_api_key, load_settings
+
+# Packages above the dispatcher (the reconciler) add subcommands through this
+# entry-point group, so the dispatcher never imports them. Each entry point is a
+# callable taking the subparsers action; the parser it adds sets ``handler``.
+COMMANDS_GROUP = "tool_dispatcher.commands"
+PluginHandler = Callable[[argparse.Namespace, Settings], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineArgumentParser(prog="tool-dispatcher", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineArgumentParser)
+    m = sub.add_parser("migrate", help="apply (or revert) schema migrations")
+    m.add_argument("--revision", default="head")
+    m.add_argument("--downgrade", action="store_true", help="revert to --revision (e.g. base)")
+    sub.add_parser("serve", help="serve the HTTP API (needs a configured database)")
+    sub.add_parser("worker", help="consume dispatch commands and call providers")
+    sub.add_parser("relay", help="publish outbox rows to Kafka")
+    outbox.add_parser(sub)
+    r = sub.add_parser("recover", help="apply the crash-recovery rule to expired claims")
+    r.add_argument("--once", action="store_true", required=True, help="one sweep, then exit")
+    sub.add_parser("api-key", help="print a new API key and the settings line for its hash")
+    dev.add_parsers(sub)
+    for plugin in entry_points(group=COMMANDS_GROUP):
+        plugin.load()(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["sandbox"]:
+        return dev.run_sandbox(argv[1:])
+    args = build_parser().parse_args(argv)
+    # The demo's story is its output; the services' own logging would drown it.
+    quiet = args.command in ("demo", "api-key")
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        settings = load_settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        fail(f"bad setting {'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+    try:
+        return _run(args, settings)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    plugin_handler: PluginHandler | None = getattr(args, "handler", None)
+    if plugin_handler is not None:
+        return plugin_handler(args, settings)
+    if args.command == "api-key":
+        return _api_key()
+    if args.command in dev.COMMANDS:
+        return dev.run(args, settings)
+    if settings.database_url is None:
+        fail("TOOL_DISPATCHER_DATABASE_URL is not set (or use `tool-dispatcher up`)")
+    if args.command == "migrate":
+        action = migrate.downgrade if args.downgrade else migrate.upgrade
+        action(settings.database_url, args.revision)
+        print(f"migrated to {args.revision}")
+        return 0
+    if args.command == "outbox":
+        return asyncio.run(outbox.run(args, settings.database_url))
+    if args.command == "relay":
+        return _relay(settings)
+    registry = require_registry(settings)
+    if args.command == "serve":
+        from dispatcher.api.server import api_server
+
+        asyncio.run(api_server(settings, registry).serve())
+        return 0
+    if args.command == "recover":
+        return asyncio.run(_recover_once(settings, registry))
+    if settings.kafka_bootstrap is None:
+        fail("TOOL_DISPATCHER_KAFKA_BOOTSTRAP is not set (or use `tool-dispatcher up`)")
+    if args.command == "worker":
+        from dispatcher.worker.consumer import run_worker
+
+        return asyncio.run(until_signal(lambda stop: run_worker(settings, registry, stop)))
+    raise AssertionError(args.command)
+
+
+def _relay(settings: Settings) -> int:
+    """The relay knows outbox rows and Kafka, nothing about tool calls: no registry."""
+    from dispatcher.relay import relay_config, run_relay_process
+
+    if settings.kafka_bootstrap is None:
+        fail("TOOL_DISPATCHER_KAFKA_BOOTSTRAP is not set (or use `tool-dispatcher up`)")
+    config = relay_config(settings)
+    return asyncio.run(until_signal(lambda stop: run_relay_process(settings, config, stop)))
+
+
+async def _recover_once(settings: Settings, registry: CapabilityRegistry) -> int:
+    from dispatcher.db.engine import create_engine, session_factory
+    from dispatcher.worker.recovery import recover_expired
+
+    engine = create_engine(settings)
+    try:
+        report = await recover_expired(
+            session_factory(engine),
+            registry,
+            dispatch_topic=settings.dispatch_topic,
+            events_topic=settings.events_topic,
+        )
+    finally:
+        await engine.dispose()
+    print(
+        f"recovered {report.total}: {len(report.redispatched)} re-dispatched, "
+        f"{len(report.marked_unknown)} marked result_unknown"
+    )
+    return 0
+
+
+def _api_key() -> int:
+    key = "tdk_" + secrets.token_urlsafe(32)
+    print(key)
+    print(
+        f'TOOL_DISPATCHER_API_KEYS=\'[{{"sha256":"{hash_api_key(key)}",'
+        f'"tenant":"<tenant>","scopes":["submit","read"]}}]\''
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

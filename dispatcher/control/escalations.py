@@ -1,0 +1,414 @@
+"""The on-call escalation queue: calls nobody could settle automatically.
+
+Entering ``escalated`` and opening the escalation are one step (:func:`escalate`): the
+status change, its event, the escalation record and the message announcing it on the
+escalations topic commit together. ``UNIQUE (tool_call_id, episode)`` makes that
+record, and so its one outbox message, exist once per escalation episode of a call
+however many reconcilers race; the state machine already lets only one of them move
+the call, the constraint holds even if that ever changes. The message id is the
+escalation id, so consumers of the at-least-once relay drop repeats by it.
+
+An operator acknowledges (``open -> acknowledged``) and resolves with a finding; the
+call's final status follows through the transition table (``escalated -> confirmed``
+or ``compensated``), with who and why in the event log.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+from sqlalchemy import case, func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from dispatcher.db.tables import escalations, execution_events, outbox, tool_calls
+from dispatcher.errors import EscalationAlreadyResolved, EscalationNotFound
+from dispatcher.ledger.events import (
+    DEFAULT_EVENTS_TOPIC,
+    CallContext,
+    EventType,
+    event_row,
+    record_events,
+)
+from dispatcher.ledger.transitions import move
+from dispatcher.states import ExecutionStatus as S
+from dispatcher.states import ReconciliationStatus, VerificationStatus
+from outbox_relay import OutboxMessage
+
+DEFAULT_ESCALATIONS_TOPIC = "tool-dispatcher.escalations"
+OPENED = "tool.call.escalation.opened"
+RESOLVED = "tool.call.escalation.resolved"
+PRODUCER = "tool-dispatcher.operator"
+
+
+class Finding(StrEnum):
+    """What an operator established about an escalated call's effect."""
+
+    CONFIRMED_SUCCESS = "confirmed_success"
+    """The effect happened: the call is ``confirmed`` (verification confirmed_success)."""
+    CONFIRMED_FAILURE = "confirmed_failure"
+    """The effect did not happen: ``confirmed`` (verification confirmed_failure)."""
+    COMPENSATED = "compensated"
+    """The effect happened and has been undone: ``compensated``."""
+
+
+class EscalationStatus(StrEnum):
+    OPEN = "open"
+    """Waiting for someone to look at it."""
+    ACKNOWLEDGED = "acknowledged"
+    """Someone owns it."""
+    RESOLVED = "resolved"
+    """Settled by an operator's finding; final."""
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Who acted on an escalation: an API key (name and tenant) or a CLI user."""
+
+    name: str
+    tenant: str | None
+    via: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{self.tenant or '*'} ({self.via})"
+
+    def as_payload(self) -> dict[str, Any]:
+        return {"name": self.name, "tenant": self.tenant, "via": self.via}
+
+
+class ResolveRequest(BaseModel):
+    """The body of ``POST /v1/escalations/{id}/resolve``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    finding: Finding
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+class EscalationView(BaseModel):
+    """An escalation as the API, the CLI and the escalations topic show it."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    escalation_id: str
+    tool_call_id: str
+    tenant: str
+    episode: int
+    status: EscalationStatus
+    reason: str
+    evidence: dict[str, Any]
+    created_at: datetime
+    acknowledged_at: datetime | None
+    acknowledged_by: str | None
+    resolved_at: datetime | None
+    resolved_by: str | None
+    finding: Finding | None
+    resolution_reason: str | None
+
+    @classmethod
+    def of(cls, row: Mapping[Any, Any]) -> EscalationView:
+        return cls.model_validate({name: row[name] for name in cls.model_fields})
+
+
+def resolution_commands(escalation_id: str) -> dict[str, list[str]]:
+    """The CLI lines and HTTP calls that settle an escalation."""
+    findings = [f.value for f in Finding]
+    return {
+        "cli": [
+            f"tool-dispatcher escalations ack {escalation_id}",
+            *(
+                f"tool-dispatcher escalations resolve {escalation_id} --finding {f} "
+                '--reason "<what you found>"'
+                for f in findings
+            ),
+        ],
+        "http": [
+            f"POST /v1/escalations/{escalation_id}/acknowledge",
+            *(
+                f"POST /v1/escalations/{escalation_id}/resolve "
+                f'{{"finding": "{f}", "reason": "<what you found>"}}'
+                for f in findings
+            ),
+        ],
+    }
+
+
+async def escalate(
+    session: AsyncSession,
+    tool_call_id: str,
+    *,
+    expected: S | Iterable[S],
+    reason: str,
+    evidence: Mapping[str, Any],
+    producer: str,
+    lease_owner: str | None = None,
+    version: int | None = None,
+    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+    escalations_topic: str = DEFAULT_ESCALATIONS_TOPIC,
+    fields: Mapping[str, Any] | None = None,
+) -> EscalationView:
+    """Move the call to ``escalated`` and open its escalation, in the caller's
+    transaction. ``evidence`` (e.g. the last provider answer, how to look the request
+    up) is kept next to what this function gathers itself: the call, its input, its
+    whole event history (every attempt and answer) and the resolving commands.
+    ``fields`` are further column values for the call's UPDATE.
+
+    Raises :class:`TransitionConflict` when someone else moved the call first."""
+    escalation_id = f"esc_{uuid.uuid4().hex}"
+    row = await move(
+        session,
+        tool_call_id,
+        expected=expected,
+        target=S.ESCALATED,
+        event_type=EventType.TOOL_CALL_ESCALATED,
+        producer=producer,
+        events_topic=events_topic,
+        lease_owner=lease_owner,
+        version=version,
+        fields={
+            "verification_status": VerificationStatus.INCONCLUSIVE,
+            "reconciliation_status": ReconciliationStatus.ESCALATED,
+            "next_reconcile_at": None,
+            "lease_owner": None,
+            "lease_expires_at": None,
+            **dict(fields or {}),
+        },
+        payload={"reason": reason, "escalationId": escalation_id},
+    )
+    call = row._mapping
+    history = (
+        await session.execute(
+            select(
+                execution_events.c.event_type,
+                execution_events.c.occurred_at,
+                execution_events.c.producer,
+                execution_events.c.payload,
+            )
+            .where(execution_events.c.tool_call_id == tool_call_id)
+            .order_by(execution_events.c.seq)
+        )
+    ).all()
+    episode = (
+        await session.execute(
+            select(func.count()).where(escalations.c.tool_call_id == tool_call_id)
+        )
+    ).scalar_one() + 1
+    record = {
+        "escalation_id": escalation_id,
+        "tool_call_id": tool_call_id,
+        "tenant": call["tenant"],
+        "episode": episode,
+        "status": EscalationStatus.OPEN.value,
+        "reason": reason,
+        "evidence": {
+            "call": {
+                "toolCallId": tool_call_id,
+                "tenant": call["tenant"],
+                "runId": call["run_id"],
+                "capabilityId": call["capability_id"],
+                "idempotencyKey": call["idempotency_key"],
+                "externalRequestId": call["external_request_id"],
+                "input": call["input"],
+                "dispatchAttempts": call["dispatch_attempts"],
+                "reconcileAttempts": call["reconcile_attempts"],
+                "dispatchedAt": _iso(call["dispatched_at"]),
+                "createdAt": _iso(call["created_at"]),
+                "compensationRequestedAt": _iso(call["compensation_requested_at"]),
+            },
+            "lastError": call["last_error"],
+            **dict(evidence),
+            "history": [
+                {
+                    "eventType": h.event_type,
+                    "occurredAt": _iso(h.occurred_at),
+                    "producer": h.producer,
+                    "payload": h.payload,
+                }
+                for h in history
+            ],
+            "commands": resolution_commands(escalation_id),
+        },
+    }
+    stored = (
+        await session.execute(insert(escalations).values(record).returning(*escalations.c))
+    ).one()
+    view = EscalationView.of(stored._mapping)
+    await _publish(session, view, OPENED, escalations_topic)
+    return view
+
+
+async def list_escalations(
+    session: AsyncSession,
+    *,
+    tenant: str | None = None,
+    status: EscalationStatus | None = None,
+    limit: int = 100,
+) -> list[EscalationView]:
+    """Escalations, open ones first, then acknowledged, then resolved; oldest first
+    within each. ``tenant`` None lists every tenant's (the operator CLI)."""
+    rank = case(
+        (escalations.c.status == EscalationStatus.OPEN.value, 0),
+        (escalations.c.status == EscalationStatus.ACKNOWLEDGED.value, 1),
+        else_=2,
+    )
+    query = select(escalations).order_by(rank, escalations.c.created_at).limit(limit)
+    if tenant is not None:
+        query = query.where(escalations.c.tenant == tenant)
+    if status is not None:
+        query = query.where(escalations.c.status == status.value)
+    return [EscalationView.of(r._mapping) for r in await session.execute(query)]
+
+
+async def acknowledge(
+    session: AsyncSession,
+    escalation_id: str,
+    *,
+    actor: Actor,
+    tenant: str | None = None,
+    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+) -> EscalationView:
+    """Take ownership of an open escalation (acknowledging twice changes nothing)."""
+    current = await _locked(session, escalation_id, tenant)
+    if current.status is EscalationStatus.RESOLVED:
+        raise EscalationAlreadyResolved(escalation_id, current.finding)
+    if current.status is EscalationStatus.ACKNOWLEDGED:
+        return current
+    row = (
+        await session.execute(
+            update(escalations)
+            .where(escalations.c.escalation_id == escalation_id)
+            .values(
+                status=EscalationStatus.ACKNOWLEDGED.value,
+                acknowledged_at=func.now(),
+                acknowledged_by=actor.label,
+            )
+            .returning(*escalations.c)
+        )
+    ).one()
+    call = await _call(session, current.tool_call_id)
+    await record_events(
+        session,
+        [
+            event_row(
+                EventType.TOOL_CALL_ESCALATION_ACKNOWLEDGED,
+                CallContext.of(call),
+                producer=PRODUCER,
+                payload={"escalationId": escalation_id, "by": actor.as_payload()},
+            )
+        ],
+        topic=events_topic,
+    )
+    return EscalationView.of(row._mapping)
+
+
+async def resolve(
+    session: AsyncSession,
+    escalation_id: str,
+    *,
+    finding: Finding,
+    reason: str,
+    actor: Actor,
+    tenant: str | None = None,
+    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+    escalations_topic: str = DEFAULT_ESCALATIONS_TOPIC,
+) -> EscalationView:
+    """Settle the escalated call by an operator's finding, in the caller's transaction.
+
+    Raises :class:`EscalationNotFound` (also for another tenant's),
+    :class:`EscalationAlreadyResolved` the second time, :class:`TransitionConflict`
+    if the call has left ``escalated`` some other way."""
+    current = await _locked(session, escalation_id, tenant)
+    if current.status is EscalationStatus.RESOLVED:
+        raise EscalationAlreadyResolved(escalation_id, current.finding)
+    if finding is Finding.COMPENSATED:
+        target, event, verified = (
+            S.COMPENSATED,
+            EventType.TOOL_CALL_COMPENSATED,
+            VerificationStatus.CONFIRMED_SUCCESS,
+        )
+    else:
+        target, event = S.CONFIRMED, EventType.TOOL_CALL_CONFIRMED
+        verified = VerificationStatus(finding.value)
+    await move(
+        session,
+        current.tool_call_id,
+        expected=S.ESCALATED,
+        target=target,
+        event_type=event,
+        producer=PRODUCER,
+        events_topic=events_topic,
+        fields={
+            "verification_status": verified,
+            "reconciliation_status": ReconciliationStatus.SETTLED,
+            "completed_at": func.now(),
+        },
+        payload={
+            "escalationId": escalation_id,
+            "finding": finding.value,
+            "reason": reason,
+            "by": actor.as_payload(),
+        },
+    )
+    row = (
+        await session.execute(
+            update(escalations)
+            .where(escalations.c.escalation_id == escalation_id)
+            .values(
+                status=EscalationStatus.RESOLVED.value,
+                resolved_at=func.now(),
+                resolved_by=actor.label,
+                finding=finding.value,
+                resolution_reason=reason,
+            )
+            .returning(*escalations.c)
+        )
+    ).one()
+    view = EscalationView.of(row._mapping)
+    await _publish(session, view, RESOLVED, escalations_topic)
+    return view
+
+
+async def _locked(session: AsyncSession, escalation_id: str, tenant: str | None) -> EscalationView:
+    # Row lock: two operators resolving at once are served one after the other, and
+    # the second sees the first's resolution.
+    query = select(escalations).where(escalations.c.escalation_id == escalation_id)
+    if tenant is not None:
+        query = query.where(escalations.c.tenant == tenant)
+    row = (await session.execute(query.with_for_update())).first()
+    if row is None:
+        raise EscalationNotFound(escalation_id)
+    return EscalationView.of(row._mapping)
+
+
+async def _call(session: AsyncSession, tool_call_id: str) -> Mapping[Any, Any]:
+    row = (
+        await session.execute(select(tool_calls).where(tool_calls.c.tool_call_id == tool_call_id))
+    ).one()
+    return row._mapping
+
+
+async def _publish(session: AsyncSession, view: EscalationView, kind: str, topic: str) -> None:
+    message_id = view.escalation_id if kind == OPENED else f"{view.escalation_id}:resolved"
+    await session.execute(
+        insert(outbox).values(
+            OutboxMessage(
+                topic=topic,
+                key=view.tool_call_id,
+                type=kind,
+                source="/tool-dispatcher/escalations",
+                payload=view.model_dump(by_alias=True, mode="json"),
+                message_id=message_id,
+            ).row()
+        )
+    )
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None

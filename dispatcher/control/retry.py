@@ -1,0 +1,139 @@
+"""Operator commands on single calls: retry.
+
+A retry is allowed only where the transition table has an operator's edge back to
+``authorized``: from ``failed`` (nothing happened, the provider said so or nothing
+reached it) and from ``escalated`` (a human has looked). A side-effecting call in
+``result_unknown`` may have had its effect: only the reconciler may send it again,
+with the same key, after asking the provider; an operator waits until it settles or
+is escalated.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+from sqlalchemy import insert, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from dispatcher.control.approvals import last_event_id
+from dispatcher.control.escalations import Actor
+from dispatcher.control.runs import lock_run
+from dispatcher.db.tables import outbox, tool_calls
+from dispatcher.errors import RetryNotAllowed, RunStopped, ToolCallNotFound
+from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC, dispatch_command
+from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC, CallContext, EventType
+from dispatcher.ledger.transitions import move
+from dispatcher.schemas import ToolCallView
+from dispatcher.states import ExecutionStatus as S
+from dispatcher.states import ReconciliationStatus, VerificationStatus
+
+PRODUCER = "tool-dispatcher.operator"
+RETRIABLE = (S.FAILED, S.ESCALATED)
+
+_WHY_NOT = {
+    S.RESULT_UNKNOWN: (
+        "the outcome is unknown and the effect may have happened: the reconciler must "
+        "settle or escalate the call before anyone retries it"
+    ),
+    S.ACCEPTED: "the provider accepted the call and is still working on it",
+    S.DISPATCHING: "the call is being sent right now",
+    S.PROPOSED: "the call waits for its approval; decide that instead",
+    S.AUTHORIZED: "the call is already queued for dispatch",
+}
+
+
+class RetryRequest(BaseModel):
+    """The body of ``POST /v1/tool-calls/{toolCallId}/retry``."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+    reason: str = Field(min_length=1, max_length=2000)
+    # A new key makes the provider treat the retry as a new request: only for a call
+    # whose first request certainly had no effect, the operator's judgement.
+    new_idempotency_key: bool = False
+
+
+def why_not_retriable(status: S) -> str:
+    """The reason given to an operator whose retry is refused."""
+    return _WHY_NOT.get(status, f"a call in {status.value!r} is settled and cannot be retried")
+
+
+async def retry_call(
+    session: AsyncSession,
+    tool_call_id: str,
+    request: RetryRequest,
+    *,
+    tenant: str,
+    actor: Actor,
+    dispatch_topic: str = DEFAULT_DISPATCH_TOPIC,
+    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+) -> ToolCallView:
+    """``failed`` / ``escalated`` -> ``authorized`` plus a dispatch command, in the
+    caller's transaction; who and why go into the ``tool.call.retried`` event.
+
+    Raises :class:`ToolCallNotFound` (also for another tenant's call),
+    :class:`RetryNotAllowed` with the reason, or ``RunStopped``."""
+    mine = (tool_calls.c.tool_call_id == tool_call_id, tool_calls.c.tenant == tenant)
+    run_id = (await session.execute(select(tool_calls.c.run_id).where(*mine))).scalar_one_or_none()
+    if run_id is None:
+        raise ToolCallNotFound(tool_call_id)
+    # The run first, like the stop command: see dispatcher.control.runs.lock_run.
+    run_stopped = await lock_run(session, tenant, run_id)
+    call = (await session.execute(select(tool_calls).where(*mine).with_for_update())).one()._mapping
+    status = S(call["status"])
+    if status not in RETRIABLE:
+        raise RetryNotAllowed(tool_call_id, status.value, why_not_retriable(status))
+    if run_stopped:
+        raise RunStopped(run_id)
+    previous_key: str = call["idempotency_key"]
+    # Unique by construction (a fresh uuid); the (tenant, key) constraint still guards it.
+    key = (
+        f"{tool_call_id}:retry:{uuid.uuid4().hex[:16]}"
+        if request.new_idempotency_key
+        else previous_key
+    )
+    fields: dict[str, object] = {
+        "idempotency_key": key,
+        "verification_status": VerificationStatus.NOT_OBSERVED,
+        "reconciliation_status": ReconciliationStatus.NOT_NEEDED,
+        "next_reconcile_at": None,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "completed_at": None,
+        "last_error": None,
+    }
+    if request.new_idempotency_key:
+        # The provider's id names the old request, not the one about to be sent.
+        fields["external_request_id"] = None
+    moved = await move(
+        session,
+        tool_call_id,
+        expected=status,
+        target=S.AUTHORIZED,
+        event_type=EventType.TOOL_CALL_RETRIED,
+        producer=PRODUCER,
+        events_topic=events_topic,
+        fields=fields,
+        payload={
+            "by": actor.as_payload(),
+            "reason": request.reason,
+            "newIdempotencyKey": request.new_idempotency_key,
+            "idempotencyKey": key,
+            "previousIdempotencyKey": previous_key,
+        },
+    )
+    await session.execute(
+        insert(outbox).values(
+            dispatch_command(
+                CallContext.of(moved._mapping),
+                key,
+                topic=dispatch_topic,
+                causation_id=await last_event_id(session, tool_call_id),
+            )
+        )
+    )
+    return ToolCallView.of(moved._mapping)

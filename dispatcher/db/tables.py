@@ -1,0 +1,216 @@
+"""The dispatcher's tables (SQLAlchemy Core). The Alembic migrations create them;
+``tests/test_migrations.py`` proves the two agree."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+from dispatcher.states import ExecutionStatus, ReconciliationStatus, VerificationStatus
+from outbox_relay import outbox_table
+
+metadata = MetaData()
+
+
+def _one_of(
+    column: str, values: type[ExecutionStatus | VerificationStatus | ReconciliationStatus]
+) -> str:
+    listed = ", ".join(f"'{v.value}'" for v in values)
+    return f"{column} IN ({listed})"
+
+
+tool_calls = Table(
+    "tool_calls",
+    metadata,
+    Column("tool_call_id", Text, primary_key=True),
+    Column("tenant", Text, nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("turn_id", Text),
+    Column("capability_id", Text, nullable=False),
+    Column("input", JSONB, nullable=False),
+    Column("idempotency_key", Text, nullable=False),
+    Column("request_fingerprint", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("verification_status", Text, nullable=False, server_default="not_observed"),
+    Column("reconciliation_status", Text, nullable=False, server_default="not_needed"),
+    Column("external_request_id", Text),
+    Column("correlation_id", Text),
+    Column("causation_id", Text),
+    Column("reasoning_object_id", Text),
+    Column("dispatched_at", DateTime(timezone=True)),
+    Column("accepted_at", DateTime(timezone=True)),
+    Column("completed_at", DateTime(timezone=True)),
+    Column("result", JSONB),
+    Column("result_ref", Text),
+    Column("last_error", Text),
+    Column("dispatch_attempts", Integer, nullable=False, server_default="0"),
+    Column("reconcile_attempts", Integer, nullable=False, server_default="0"),
+    Column("next_reconcile_at", DateTime(timezone=True)),
+    # Set when the call's effect must be undone if it happened (a stopped run, a
+    # cancelled call); the reconciler compensates instead of confirming. Issue 6 sets it
+    # through dispatcher.control.compensation.request_compensation.
+    Column("compensation_requested_at", DateTime(timezone=True)),
+    Column("lease_owner", Text),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("version", Integer, nullable=False, server_default="1"),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    UniqueConstraint("tenant", "idempotency_key", name="uq_tool_calls_tenant_idempotency_key"),
+    CheckConstraint(_one_of("status", ExecutionStatus), name="ck_tool_calls_status"),
+    CheckConstraint(
+        _one_of("verification_status", VerificationStatus), name="ck_tool_calls_verification"
+    ),
+    CheckConstraint(
+        _one_of("reconciliation_status", ReconciliationStatus), name="ck_tool_calls_reconciliation"
+    ),
+    CheckConstraint(
+        "char_length(idempotency_key) BETWEEN 1 AND 255", name="ck_tool_calls_key_length"
+    ),
+    Index("ix_tool_calls_run", "tenant", "run_id", "created_at"),
+    # Hot-state partial indexes: the recovery sweep and the reconciler scan only these.
+    Index(
+        "ix_tool_calls_dispatching_lease",
+        "lease_expires_at",
+        postgresql_where=text("status = 'dispatching'"),
+    ),
+    # Every call the reconciler follows up (result_unknown, and accepted-but-pending).
+    Index(
+        "ix_tool_calls_reconcile_due",
+        "next_reconcile_at",
+        postgresql_where=text("reconciliation_status = 'pending'"),
+    ),
+    # The redrive sweep looks for calls authorized long ago (dispatcher.worker.redrive).
+    Index(
+        "ix_tool_calls_authorized_since",
+        "updated_at",
+        postgresql_where=text("status = 'authorized'"),
+    ),
+)
+
+execution_events = Table(
+    "execution_events",
+    metadata,
+    # seq orders the log; event_id is the public, globally unique name of a fact.
+    Column("seq", BigInteger, Identity(always=True), primary_key=True),
+    Column("event_id", Text, nullable=False, unique=True),
+    Column("event_type", Text, nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("turn_id", Text),
+    Column("producer", Text, nullable=False),
+    Column("reasoning_object_id", Text),
+    Column("capability_id", Text),
+    Column("correlation_id", Text),
+    Column("causation_id", Text),
+    Column("tool_call_id", Text),
+    Column("schema_version", Integer, nullable=False),
+    Column("occurred_at", DateTime(timezone=True), nullable=False),
+    Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Index("ix_execution_events_run", "tenant", "run_id", "seq"),
+    Index("ix_execution_events_tool_call", "tool_call_id", "seq"),
+)
+
+outbox = outbox_table(metadata)
+
+ESCALATION_STATES = ("open", "acknowledged", "resolved")
+
+escalations = Table(
+    "escalations",
+    metadata,
+    Column("escalation_id", Text, primary_key=True),
+    Column("tool_call_id", Text, nullable=False),
+    Column("tenant", Text, nullable=False),
+    # 1 for the call's first escalation, 2 after an operator retry escalated again...
+    Column("episode", Integer, nullable=False),
+    Column("status", Text, nullable=False, server_default="open"),
+    Column("reason", Text, nullable=False),
+    Column("evidence", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("acknowledged_at", DateTime(timezone=True)),
+    Column("acknowledged_by", Text),
+    Column("resolved_at", DateTime(timezone=True)),
+    Column("resolved_by", Text),
+    Column("finding", Text),
+    Column("resolution_reason", Text),
+    # The exactly-once guarantee: one escalation (and so one published message) per
+    # episode of a call, whoever races to write it.
+    UniqueConstraint("tool_call_id", "episode", name="uq_escalations_call_episode"),
+    CheckConstraint("status IN ('open', 'acknowledged', 'resolved')", name="ck_escalations_status"),
+    CheckConstraint(
+        "finding IS NULL OR finding IN ('confirmed_success', 'confirmed_failure', 'compensated')",
+        name="ck_escalations_finding",
+    ),
+    Index("ix_escalations_tenant_status", "tenant", "status", "created_at"),
+)
+
+APPROVAL_STATES = ("pending", "approved", "rejected", "expired", "cancelled")
+
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("approval_id", Text, primary_key=True),
+    # One approval per call: a decision is keyed by approval_id, so it can never answer
+    # another call's approval.
+    Column("tool_call_id", Text, nullable=False, unique=True),
+    Column("tenant", Text, nullable=False),
+    Column("run_id", Text, nullable=False),
+    Column("capability_id", Text, nullable=False),
+    Column("risk", Text, nullable=False),
+    # What was put in front of the human: a decision for another input or another
+    # version of the capability's policy is refused as stale.
+    Column("input_hash", Text, nullable=False),
+    Column("policy_version", Integer, nullable=False),
+    # The submitting API key's name (None for library submissions): self-approval check.
+    Column("requested_by", Text),
+    Column("status", Text, nullable=False, server_default="pending"),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("closed_at", DateTime(timezone=True)),
+    Column("decision", Text),
+    Column("decided_by", Text),
+    Column("decision_reason", Text),
+    CheckConstraint(
+        "status IN ('pending', 'approved', 'rejected', 'expired', 'cancelled')",
+        name="ck_approvals_status",
+    ),
+    CheckConstraint(
+        "decision IS NULL OR decision IN ('approve', 'reject')", name="ck_approvals_decision"
+    ),
+    # A human decision exists exactly when the approval was approved or rejected, and
+    # an approval is closed exactly when it is no longer pending.
+    CheckConstraint(
+        "(decision IS NOT NULL) = (status IN ('approved', 'rejected'))",
+        name="ck_approvals_decided",
+    ),
+    CheckConstraint("(closed_at IS NULL) = (status = 'pending')", name="ck_approvals_closed"),
+    Index("ix_approvals_tenant_status", "tenant", "status", "created_at"),
+    # The expiry sweeper scans only pending approvals.
+    Index("ix_approvals_pending_expiry", "expires_at", postgresql_where=text("status = 'pending'")),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("run_id", Text, primary_key=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Set once by the stop command; a stopped run accepts no new calls (intake locks
+    # the row FOR KEY SHARE, the stop FOR UPDATE: see dispatcher.control.runs).
+    Column("stopped_at", DateTime(timezone=True)),
+    Column("stopped_by", Text),
+    Column("reason", Text),
+)

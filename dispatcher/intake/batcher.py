@@ -1,0 +1,128 @@
+"""Group commit for HTTP intake: concurrent submissions share one transaction.
+
+Each caller's future resolves only after the transaction holding its rows has
+committed, so an answer never announces a call that could still be rolled back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.errors import DispatcherError, ServiceUnavailable
+from dispatcher.intake.service import Submission, SubmitRequest, submit_many
+
+log = logging.getLogger(__name__)
+
+# Deadlock and serialization failures: the batch is safe to run again as a whole.
+_RETRIABLE_SQLSTATES = {"40001", "40P01"}
+_ATTEMPTS = 3
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: SubmitRequest
+    tenant: str
+    submitted_by: str | None
+    future: asyncio.Future[Submission]
+
+
+class IntakeBatcher:
+    """Runs :func:`submit_many` over whatever submissions are waiting, ``flushers``
+    transactions at a time."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        registry: CapabilityRegistry,
+        *,
+        dispatch_topic: str,
+        events_topic: str | None,
+        max_batch: int = 128,
+        flushers: int = 2,
+    ) -> None:
+        self._sessions = sessions
+        self._registry = registry
+        self._dispatch_topic = dispatch_topic
+        self._events_topic = events_topic
+        self._max_batch = max_batch
+        self._flushers = flushers
+        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._run()) for _ in range(self._flushers)]
+
+    async def stop(self) -> None:
+        """Finish every queued submission, then stop."""
+        await self._queue.join()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def submit(
+        self, request: SubmitRequest, tenant: str, submitted_by: str | None = None
+    ) -> Submission:
+        """Queue one submission; answers once the batch holding it committed."""
+        future: asyncio.Future[Submission] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Pending(request, tenant, submitted_by, future))
+        # Shielded: a client that hangs up must not cancel a commit in progress; its
+        # call is recorded all the same and a replay with its key finds it.
+        return await asyncio.shield(future)
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < self._max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                await self._flush(batch)
+            except Exception:  # every waiting caller must get an answer
+                log.exception("intake batch of %d failed", len(batch))
+                for pending in batch:
+                    if not pending.future.done():
+                        pending.future.set_exception(
+                            ServiceUnavailable("the submission could not be recorded")
+                        )
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    async def _flush(self, batch: list[_Pending]) -> None:
+        items = [(p.request, p.tenant) for p in batch]
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                async with self._sessions() as session, session.begin():
+                    outcomes = await submit_many(
+                        session,
+                        items,
+                        registry=self._registry,
+                        dispatch_topic=self._dispatch_topic,
+                        events_topic=self._events_topic,
+                        submitted_by=[p.submitted_by for p in batch],
+                    )
+                break
+            except DBAPIError as exc:
+                sqlstate = getattr(exc.orig, "sqlstate", None)
+                if sqlstate in _RETRIABLE_SQLSTATES and attempt < _ATTEMPTS:
+                    continue
+                log.warning("intake batch of %d failed: %s", len(batch), exc.__class__.__name__)
+                outcomes = [ServiceUnavailable("the database did not accept the batch")] * len(
+                    batch
+                )
+                break
+        for pending, outcome in zip(batch, outcomes, strict=True):
+            if pending.future.done():
+                continue
+            if isinstance(outcome, DispatcherError):
+                pending.future.set_exception(outcome)
+            else:
+                pending.future.set_result(outcome)

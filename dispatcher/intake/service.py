@@ -1,0 +1,411 @@
+"""Intake: record tool calls, their first events and their dispatch commands in the
+caller's transaction. The same idempotency key replays the stored call; the same key
+with a different request is refused.
+
+One code path serves a single library call and a batch of HTTP submissions grouped
+into one commit: a batch costs one constant statement (the run guard and four INSERTs
+in CTEs) and at most two SELECTs, whatever its size.
+
+A capability that requires approval leaves its call ``proposed`` with an approval
+(``approval.required``) and no dispatch command. A stopped run accepts no new calls
+(:class:`RunStopped`); see :mod:`dispatcher.intake.statement` for how this holds against a stop
+committed at the same moment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+from sqlalchemy import select, tuple_
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from dispatcher.capabilities import Capability, CapabilityRegistry, render_key_template
+from dispatcher.db.tables import runs, tool_calls
+from dispatcher.errors import (
+    DispatcherError,
+    IdempotencyKeyReused,
+    RunStopped,
+    ToolCallIdConflict,
+    ValidationFailed,
+)
+from dispatcher.intake.statement import write_intake
+from dispatcher.ledger.events import (
+    DEFAULT_EVENTS_TOPIC,
+    CallContext,
+    EventType,
+    event_message,
+    event_row,
+)
+from dispatcher.schemas import ToolCallView
+from dispatcher.states import ExecutionStatus
+from outbox_relay import OutboxMessage
+
+PRODUCER = "tool-dispatcher.intake"
+DISPATCH_COMMAND = "tool.call.dispatch"
+DEFAULT_DISPATCH_TOPIC = "tool-dispatcher.commands"
+
+_Id = Field(default=None, min_length=1, max_length=200)
+
+
+class SubmitRequest(BaseModel):
+    """A producer's request to run a tool call (the body of ``POST /v1/tool-calls``)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+    run_id: str = Field(min_length=1, max_length=200)
+    capability_id: str = Field(min_length=1, max_length=200)
+    input: dict[str, Any]
+    tool_call_id: str | None = _Id
+    turn_id: str | None = _Id
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
+    correlation_id: str | None = _Id
+    causation_id: str | None = _Id
+    reasoning_object_id: str | None = _Id
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """The recorded call; ``created`` is False when an earlier submission was replayed."""
+
+    view: ToolCallView
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    request: SubmitRequest
+    tenant: str
+    capability: Capability
+    submitted_by: str | None
+    values: dict[str, Any]
+
+    @property
+    def requires_approval(self) -> bool:
+        return self.capability.requires_approval
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.tenant, self.values["idempotency_key"])
+
+
+def fingerprint(capability_id: str, call_input: dict[str, Any]) -> str:
+    """Hash of the canonical JSON of what the call would do."""
+    canonical = json.dumps(
+        {"capabilityId": capability_id, "input": call_input},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+async def submit(
+    session: AsyncSession,
+    request: SubmitRequest,
+    *,
+    tenant: str,
+    registry: CapabilityRegistry,
+    dispatch_topic: str = DEFAULT_DISPATCH_TOPIC,
+    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+    submitted_by: str | None = None,
+) -> Submission:
+    """Record ``request`` inside the caller's open transaction; the caller commits.
+
+    Nothing is committed here, so a producer's own domain write, the tool call and
+    its outbox row commit or roll back together. Raises a :class:`DispatcherError`
+    (nothing written) for an unknown capability, bad input, a reused key or a stopped
+    run. ``submitted_by`` names the submitter on the call's approval, if it needs one.
+    """
+    [outcome] = await submit_many(
+        session,
+        [(request, tenant)],
+        registry=registry,
+        dispatch_topic=dispatch_topic,
+        events_topic=events_topic,
+        submitted_by=[submitted_by],
+    )
+    if isinstance(outcome, DispatcherError):
+        raise outcome
+    return outcome
+
+
+async def submit_many(
+    session: AsyncSession,
+    items: Sequence[tuple[SubmitRequest, str]],
+    *,
+    registry: CapabilityRegistry,
+    dispatch_topic: str = DEFAULT_DISPATCH_TOPIC,
+    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+    submitted_by: Sequence[str | None] | None = None,
+) -> list[Submission | DispatcherError]:
+    """Record several ``(request, tenant)`` submissions in the caller's transaction.
+
+    Each item gets its own outcome: a refused item writes nothing and does not
+    disturb the others. ``submitted_by``, parallel to ``items``, names each submitter.
+    """
+    outcomes: list[Submission | DispatcherError | None] = [None] * len(items)
+    prepared: dict[int, _Prepared] = {}
+    submitters = list(submitted_by) if submitted_by is not None else [None] * len(items)
+    for i, (request, tenant) in enumerate(items):
+        try:
+            prepared[i] = _prepare(request, tenant, registry, submitters[i])
+        except DispatcherError as exc:
+            outcomes[i] = exc
+
+    if prepared:
+        # Sorted by key so that concurrent batches take their conflict locks in the
+        # same order and cannot deadlock on each other.
+        order = sorted(prepared, key=lambda i: prepared[i].key)
+        # Of several items with one key or toolCallId, only the first is inserted; the
+        # others are answered as replays of it (the statement writes the events of
+        # every created call, so it must not see two claims to one row).
+        fresh: list[int] = []
+        to_replay: dict[int, _Prepared] = {}
+        claimed: set[object] = set()
+        for i in order:
+            prep = prepared[i]
+            ids = (prep.key, prep.values["tool_call_id"])
+            if claimed.isdisjoint(ids):
+                claimed.update(ids)
+                fresh.append(i)
+            else:
+                to_replay[i] = prep
+        events: list[dict[str, Any]] = []
+        messages: list[dict[str, Any]] = []
+        approvals: list[dict[str, Any]] = []
+        for i in fresh:
+            _plan_created(prepared[i], events, messages, approvals, dispatch_topic, events_topic)
+        inserted = {
+            row["tool_call_id"]: row
+            for row in await write_intake(
+                session,
+                {
+                    "calls": [prepared[i].values for i in fresh],
+                    "events": events,
+                    "messages": messages,
+                    "approvals": approvals,
+                },
+            )
+        }
+        for i in fresh:
+            row = inserted.get(prepared[i].values["tool_call_id"])
+            if row is None:
+                to_replay[i] = prepared[i]
+            else:
+                outcomes[i] = Submission(ToolCallView.of(row), created=True)
+        if to_replay:
+            outcomes_of_replays = await _replay(session, to_replay)
+            for i, outcome in outcomes_of_replays.items():
+                outcomes[i] = outcome
+
+    return [o for o in outcomes if o is not None]
+
+
+def _prepare(
+    request: SubmitRequest, tenant: str, registry: CapabilityRegistry, submitted_by: str | None
+) -> _Prepared:
+    capability = registry.get(request.capability_id)
+    if not capability.enabled:
+        raise ValidationFailed(
+            f"capability {capability.id!r} is disabled", capabilityId=capability.id
+        )
+    tool_call_id = request.tool_call_id or str(uuid.uuid4())
+    key = request.idempotency_key or _default_key(
+        request, tool_call_id, capability.idempotency_key_template
+    )
+    if len(key) > 255:
+        raise ValidationFailed("the derived idempotency key is longer than 255 characters")
+    status = (
+        ExecutionStatus.PROPOSED if capability.requires_approval else ExecutionStatus.AUTHORIZED
+    )
+    return _Prepared(
+        request=request,
+        tenant=tenant,
+        capability=capability,
+        submitted_by=submitted_by,
+        values={
+            "tool_call_id": tool_call_id,
+            "tenant": tenant,
+            "run_id": request.run_id,
+            "turn_id": request.turn_id,
+            "capability_id": request.capability_id,
+            "input": request.input,
+            "idempotency_key": key,
+            "request_fingerprint": fingerprint(request.capability_id, request.input),
+            "status": status.value,
+            "correlation_id": request.correlation_id,
+            "causation_id": request.causation_id,
+            "reasoning_object_id": request.reasoning_object_id,
+        },
+    )
+
+
+def _plan_created(
+    prep: _Prepared,
+    events: list[dict[str, Any]],
+    messages: list[dict[str, Any]],
+    approvals: list[dict[str, Any]],
+    dispatch_topic: str,
+    events_topic: str | None,
+) -> None:
+    """Append the event, outbox and approval rows that record ``prep`` if it is created."""
+    ctx = CallContext.of(prep.values)
+    call = prep.values["tool_call_id"]
+    new = [
+        event_row(
+            EventType.TOOL_CALL_REQUESTED,
+            ctx,
+            producer=PRODUCER,
+            causation_id=prep.request.causation_id,
+            payload={
+                "idempotencyKey": prep.values["idempotency_key"],
+                "requiresApproval": prep.requires_approval,
+            },
+        )
+    ]
+    if prep.requires_approval:
+        approval = _approval(prep)
+        approvals.append(approval)
+        new.append(
+            event_row(
+                EventType.APPROVAL_REQUIRED,
+                ctx,
+                producer=PRODUCER,
+                causation_id=new[0]["event_id"],
+                payload={
+                    "approvalId": approval["approval_id"],
+                    "risk": approval["risk"],
+                    "expiresAt": approval["expires_at"],
+                },
+            )
+        )
+    else:
+        new.append(
+            event_row(
+                EventType.TOOL_CALL_AUTHORIZED,
+                ctx,
+                producer=PRODUCER,
+                causation_id=new[0]["event_id"],
+                payload={"reason": "no approval required"},
+            )
+        )
+    if events_topic is not None:
+        messages.extend({**event_message(e, events_topic), "call": call} for e in new)
+    if not prep.requires_approval:
+        command = dispatch_command(
+            ctx,
+            prep.values["idempotency_key"],
+            topic=dispatch_topic,
+            causation_id=new[-1]["event_id"],
+        )
+        messages.append({**command, "call": call})
+    # JSON parameters: the timestamp travels as ISO 8601 text.
+    events.extend({**e, "occurred_at": e["occurred_at"].isoformat()} for e in new)
+
+
+def _approval(prep: _Prepared) -> dict[str, Any]:
+    """The approval row of a call that needs one (JSON parameter values)."""
+    capability = prep.capability
+    # The application's clock: the same instant goes into the row and the event.
+    expires_at = datetime.now(UTC) + timedelta(seconds=capability.approval_ttl_seconds)
+    return {
+        "approval_id": f"apr_{uuid.uuid4().hex}",
+        "tool_call_id": prep.values["tool_call_id"],
+        "tenant": prep.tenant,
+        "run_id": prep.values["run_id"],
+        "capability_id": capability.id,
+        "risk": capability.risk,
+        "input_hash": prep.values["request_fingerprint"],
+        "policy_version": capability.policy_version,
+        "requested_by": prep.submitted_by,
+        "expires_at": expires_at.isoformat(),
+    }
+
+
+def dispatch_command(
+    ctx: CallContext, idempotency_key: str, *, topic: str, causation_id: str | None
+) -> dict[str, Any]:
+    """Outbox row values of the command that asks a worker to run a call."""
+    return OutboxMessage(
+        topic=topic,
+        key=ctx.tool_call_id,
+        type=DISPATCH_COMMAND,
+        source="/tool-dispatcher/intake",
+        payload={
+            "toolCallId": ctx.tool_call_id,
+            "tenant": ctx.tenant,
+            "runId": ctx.run_id,
+            "capabilityId": ctx.capability_id,
+            "idempotencyKey": idempotency_key,
+            "causationId": causation_id,
+        },
+    ).row()
+
+
+def _default_key(request: SubmitRequest, tool_call_id: str, template: str | None) -> str:
+    if template is None:
+        return tool_call_id
+    return render_key_template(
+        template,
+        {
+            "input": request.input,
+            "runId": request.run_id,
+            "turnId": request.turn_id,
+            "capabilityId": request.capability_id,
+            "correlationId": request.correlation_id,
+            "toolCallId": tool_call_id,
+        },
+    )
+
+
+async def _replay(
+    session: AsyncSession, items: dict[int, _Prepared]
+) -> dict[int, Submission | DispatcherError]:
+    keys = {prep.key for prep in items.values()}
+    stored = {
+        (row.tenant, row.idempotency_key): row._mapping
+        for row in await session.execute(
+            select(tool_calls).where(
+                tuple_(tool_calls.c.tenant, tool_calls.c.idempotency_key).in_(list(keys))
+            )
+        )
+    }
+    outcomes: dict[int, Submission | DispatcherError] = {}
+    missing = {(p.tenant, p.values["run_id"]) for p in items.values() if p.key not in stored}
+    stopped: set[tuple[str, str]] = set()
+    if missing:
+        # Committed for good (a run is never restarted), so this later statement sees
+        # every stop the run guard saw.
+        stopped = {
+            (row.tenant, row.run_id)
+            for row in await session.execute(
+                select(runs.c.tenant, runs.c.run_id).where(
+                    tuple_(runs.c.tenant, runs.c.run_id).in_(list(missing)),
+                    runs.c.stopped_at.is_not(None),
+                )
+            )
+        }
+    for i, prep in items.items():
+        row = stored.get(prep.key)
+        if row is None and (prep.tenant, prep.values["run_id"]) in stopped:
+            outcomes[i] = RunStopped(prep.values["run_id"])
+        elif row is None:
+            # The key is free, so the clash was on the primary key: another call owns it.
+            outcomes[i] = ToolCallIdConflict(prep.values["tool_call_id"])
+        elif row["request_fingerprint"] != prep.values["request_fingerprint"] or (
+            prep.request.tool_call_id not in (None, row["tool_call_id"])
+        ):
+            outcomes[i] = IdempotencyKeyReused(prep.key[1], row["tool_call_id"])
+        else:
+            outcomes[i] = Submission(ToolCallView.of(row), created=False)
+    return outcomes

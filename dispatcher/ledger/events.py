@@ -1,0 +1,195 @@
+"""Typed execution events: the facts the runtime records, append-only.
+
+Rows are built here and inserted in the same transaction as the state change they
+describe (see :mod:`dispatcher.intake.service` and :mod:`dispatcher.ledger.transitions`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from dispatcher.db.tables import execution_events, outbox
+from outbox_relay import OutboxMessage
+
+SCHEMA_VERSION = 1
+
+
+class EventType(StrEnum):
+    """Every kind of execution fact; each has a JSON Schema in ``docs/events``."""
+
+    TOOL_CALL_REQUESTED = "tool.call.requested"
+    TOOL_CALL_AUTHORIZED = "tool.call.authorized"
+    TOOL_CALL_DISPATCHING = "tool.call.dispatching"
+    TOOL_CALL_ACCEPTED = "tool.call.accepted"
+    TOOL_CALL_COMPLETED = "tool.call.completed"
+    TOOL_CALL_FAILED = "tool.call.failed"
+    TOOL_CALL_RESULT_UNKNOWN = "tool.call.result_unknown"
+    TOOL_CALL_CONFIRMED = "tool.call.confirmed"
+    TOOL_CALL_COMPENSATED = "tool.call.compensated"
+    TOOL_CALL_ESCALATED = "tool.call.escalated"
+    TOOL_CALL_REJECTED = "tool.call.rejected"
+    TOOL_CALL_CANCELLED = "tool.call.cancelled"
+    TOOL_CALL_REDISPATCHED = "tool.call.redispatched"
+    # Facts that do not change the execution status.
+    TOOL_CALL_RECONCILE_ATTEMPTED = "tool.call.reconcile_attempted"
+    TOOL_CALL_COMPENSATION_REQUESTED = "tool.call.compensation_requested"
+    TOOL_CALL_ESCALATION_ACKNOWLEDGED = "tool.call.escalation_acknowledged"
+    # The call's dispatch command was written again: the broker lost the first one.
+    TOOL_CALL_REDRIVEN = "tool.call.redriven"
+    # An operator's retry command: failed / escalated -> authorized.
+    TOOL_CALL_RETRIED = "tool.call.retried"
+    # Approvals: required at intake (the call stays proposed); granted (-> authorized),
+    # rejected (-> rejected) or expired (-> cancelled) exactly once.
+    APPROVAL_REQUIRED = "approval.required"
+    APPROVAL_GRANTED = "approval.granted"
+    APPROVAL_REJECTED = "approval.rejected"
+    APPROVAL_EXPIRED = "approval.expired"
+    # A run-level fact: no tool call of its own.
+    RUN_STOPPED = "run.stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    """The stable ids that tie an event to its run, turn, capability and call."""
+
+    tenant: str
+    run_id: str
+    tool_call_id: str
+    capability_id: str
+    turn_id: str | None = None
+    correlation_id: str | None = None
+    reasoning_object_id: str | None = None
+
+    @classmethod
+    def of(cls, row: Mapping[Any, Any]) -> CallContext:
+        """Context of a ``tool_calls`` row."""
+        return cls(
+            tenant=row["tenant"],
+            run_id=row["run_id"],
+            tool_call_id=row["tool_call_id"],
+            capability_id=row["capability_id"],
+            turn_id=row["turn_id"],
+            correlation_id=row["correlation_id"],
+            reasoning_object_id=row["reasoning_object_id"],
+        )
+
+
+DEFAULT_EVENTS_TOPIC = "tool-dispatcher.events"
+
+
+_INSERT_EVENTS = insert(execution_events)
+_INSERT_OUTBOX = insert(outbox)
+
+
+def new_event_id() -> str:
+    return f"evt_{uuid.uuid4().hex}"
+
+
+def event_row(
+    event_type: EventType,
+    ctx: CallContext,
+    *,
+    producer: str,
+    causation_id: str | None = None,
+    payload: Mapping[str, Any] | None = None,
+    event_id: str | None = None,
+) -> dict[str, Any]:
+    """Column values of one ``execution_events`` row."""
+    return {
+        "event_id": event_id or new_event_id(),
+        "event_type": event_type.value,
+        "tenant": ctx.tenant,
+        "run_id": ctx.run_id,
+        "turn_id": ctx.turn_id,
+        "producer": producer,
+        "reasoning_object_id": ctx.reasoning_object_id,
+        "capability_id": ctx.capability_id,
+        "correlation_id": ctx.correlation_id,
+        "causation_id": causation_id,
+        "tool_call_id": ctx.tool_call_id,
+        "schema_version": SCHEMA_VERSION,
+        "occurred_at": datetime.now(UTC),
+        "payload": dict(payload or {}),
+    }
+
+
+def run_event_row(
+    event_type: EventType,
+    *,
+    tenant: str,
+    run_id: str,
+    producer: str,
+    payload: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Column values of an ``execution_events`` row about a whole run (no call)."""
+    ctx = CallContext(tenant=tenant, run_id=run_id, tool_call_id="", capability_id="")
+    return {
+        **event_row(event_type, ctx, producer=producer, payload=payload),
+        "tool_call_id": None,
+        "capability_id": None,
+    }
+
+
+def envelope(event: Mapping[str, Any]) -> dict[str, Any]:
+    """The published (camelCase) form of an event row: what the events topic carries
+    and what ``docs/events/<eventType>.json`` describes."""
+    occurred_at: datetime = event["occurred_at"]
+    return {
+        "eventId": event["event_id"],
+        "eventType": event["event_type"],
+        "tenant": event["tenant"],
+        "runId": event["run_id"],
+        "turnId": event["turn_id"],
+        "producer": event["producer"],
+        "reasoningObjectId": event["reasoning_object_id"],
+        "capabilityId": event["capability_id"],
+        "correlationId": event["correlation_id"],
+        "causationId": event["causation_id"],
+        "toolCallId": event["tool_call_id"],
+        "schemaVersion": event["schema_version"],
+        "occurredAt": occurred_at.isoformat(),
+        "payload": event["payload"],
+    }
+
+
+def event_message(event: Mapping[str, Any], topic: str) -> dict[str, Any]:
+    """Outbox row values publishing ``event`` (an :func:`event_row`) on the events topic.
+
+    Keyed by run, so a consumer sees each run's facts in order; the message id is the
+    event id, so consumers drop duplicates by it.
+    """
+    occurred_at: datetime = event["occurred_at"]
+    body = envelope(event)
+    return OutboxMessage(
+        topic=topic,
+        key=event["run_id"],
+        type=event["event_type"],
+        source=f"/tool-dispatcher/{event['producer']}",
+        payload=body,
+        message_id=event["event_id"],
+        time=occurred_at,
+    ).row()
+
+
+async def record_events(
+    session: AsyncSession,
+    events: Sequence[Mapping[str, Any]],
+    *,
+    topic: str | None = DEFAULT_EVENTS_TOPIC,
+) -> None:
+    """Append ``events`` to the log and, unless ``topic`` is None, to the outbox, in
+    the caller's transaction."""
+    if not events:
+        return
+    # A list of parameter sets, not .values(list): the compiled statement is cached.
+    await session.execute(_INSERT_EVENTS, list(events))
+    if topic is not None:
+        await session.execute(_INSERT_OUTBOX, [event_message(e, topic) for e in events])

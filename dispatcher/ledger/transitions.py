@@ -1,0 +1,274 @@
+"""The only code that changes a tool call's execution status.
+
+Every move is checked against :data:`dispatcher.states.TRANSITIONS`, applied with a
+conditional UPDATE (``WHERE status IN (:expected)`` plus optional lease/version
+fences), and recorded as an execution event in the same transaction. Zero rows
+updated means someone else moved the call first: :class:`TransitionConflict`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    Row,
+    RowMapping,
+    Table,
+    Text,
+    any_,
+    bindparam,
+    column,
+    func,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql.dml import Update
+
+from dispatcher.db.tables import execution_events, outbox, tool_calls
+from dispatcher.errors import TransitionConflict
+from dispatcher.ledger.events import (
+    DEFAULT_EVENTS_TOPIC,
+    CallContext,
+    EventType,
+    event_message,
+    event_row,
+    record_events,
+)
+from dispatcher.states import ExecutionStatus, check_transition
+
+
+async def move(
+    session: AsyncSession,
+    tool_call_id: str,
+    *,
+    expected: ExecutionStatus | Iterable[ExecutionStatus],
+    target: ExecutionStatus,
+    event_type: EventType,
+    producer: str,
+    fields: Mapping[str, Any] | None = None,
+    payload: Mapping[str, Any] | None = None,
+    causation_id: str | None = None,
+    lease_owner: str | None = None,
+    version: int | None = None,
+    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+) -> Row[Any]:
+    """Move one call from one of ``expected`` to ``target`` and record ``event_type``.
+
+    ``lease_owner`` / ``version`` fence out a worker whose claim was taken over: its
+    UPDATE matches nothing and it learns so through :class:`TransitionConflict`.
+    Returns the updated row.
+    """
+    sources = [expected] if isinstance(expected, ExecutionStatus) else list(expected)
+    for source in sources:
+        check_transition(source, target)
+
+    stmt = (
+        update(tool_calls)
+        .where(
+            tool_calls.c.tool_call_id == tool_call_id,
+            tool_calls.c.status.in_([s.value for s in sources]),
+        )
+        .values(
+            status=target.value,
+            version=tool_calls.c.version + 1,
+            updated_at=func.now(),
+            **dict(fields or {}),
+        )
+        .returning(*tool_calls.c)
+    )
+    if lease_owner is not None:
+        stmt = stmt.where(tool_calls.c.lease_owner == lease_owner)
+    if version is not None:
+        stmt = stmt.where(tool_calls.c.version == version)
+
+    row = (await session.execute(stmt)).first()
+    if row is None:
+        raise TransitionConflict(
+            f"tool call {tool_call_id!r} is no longer in {[s.value for s in sources]}"
+            " (or its lease/version changed)",
+            toolCallId=tool_call_id,
+            target=target.value,
+        )
+    event = event_row(
+        event_type,
+        CallContext.of(row._mapping),
+        producer=producer,
+        causation_id=causation_id,
+        payload={"from": [s.value for s in sources], "to": target.value, **dict(payload or {})},
+    )
+    await record_events(session, [event], topic=events_topic)
+    return row
+
+
+def _rows_of(param: str, table: Table, names: Sequence[str]) -> str:
+    """SELECT of the rows passed as one JSON array in ``param``, in array order."""
+    dialect = PGDialect_psycopg()  # type: ignore[no-untyped-call]
+    spec = ", ".join(f"{n} {table.c[n].type.compile(dialect=dialect)}" for n in names)
+    listed = ", ".join(names)
+    return (
+        f"SELECT {listed} FROM ROWS FROM (jsonb_to_recordset(:{param}) AS ({spec}))"  # noqa: S608
+        f" WITH ORDINALITY AS {param}_in({listed}, ord) ORDER BY ord"
+    )
+
+
+_EVENT_COLUMNS = [c.name for c in execution_events.c if c.name != "seq"]
+_MESSAGE_COLUMNS = ["topic", "key", "payload", "headers"]
+_EVENTS_SQL = f"INSERT INTO execution_events ({', '.join(_EVENT_COLUMNS)}) " + _rows_of(
+    "events", execution_events, _EVENT_COLUMNS
+)
+# A batch's events and their outbox rows in one constant statement: one execution (and
+# one firing of the outbox's statement trigger) for the batch, where an executemany is
+# one per row. Only this module's column lists go into the text.
+_INSERT_EVENTS = text(_EVENTS_SQL).bindparams(bindparam("events", type_=JSONB))
+_INSERT_EVENTS_AND_MESSAGES = text(
+    f"WITH events AS ({_EVENTS_SQL}) INSERT INTO outbox ({', '.join(_MESSAGE_COLUMNS)}) "
+    + _rows_of("messages", outbox, _MESSAGE_COLUMNS)
+).bindparams(bindparam("events", type_=JSONB), bindparam("messages", type_=JSONB))
+
+
+async def _record_all(
+    session: AsyncSession, events: Sequence[Mapping[str, Any]], topic: str | None
+) -> None:
+    """:func:`dispatcher.ledger.events.record_events` for a batch, in one statement."""
+    if not events:
+        return
+    # JSON parameters: the timestamp travels as ISO 8601 text.
+    rows = [{**e, "occurred_at": e["occurred_at"].isoformat()} for e in events]
+    if topic is None:
+        await session.execute(_INSERT_EVENTS, {"events": rows})
+        return
+    messages = [event_message(e, topic) for e in events]
+    await session.execute(_INSERT_EVENTS_AND_MESSAGES, {"events": rows, "messages": messages})
+
+
+def _per_call(stmt: Update, moves: Sequence[BulkMove]) -> Update:
+    """``stmt`` joined to each move's own version fence and column values.
+
+    They travel as ONE JSON parameter, so the statement's text does not change with
+    the batch size: SQLAlchemy compiles it once per shape and psycopg prepares it once
+    (a VALUES list would be a new statement for every size). MATERIALIZED: should the
+    planner loop over the rows, it rescans a tuplestore rather than parse the JSON
+    again for each of them.
+    """
+    names = sorted(moves[0].values)
+    rows = [{"tool_call_id": m.tool_call_id, "fence_version": m.version, **m.values} for m in moves]
+    spec = (
+        func.jsonb_to_recordset(bindparam("moves", rows, type_=JSONB))
+        .table_valued(
+            column("tool_call_id", Text),
+            column("fence_version", Integer),
+            *(column(name, tool_calls.c[name].type) for name in names),
+        )
+        .render_derived(name="spec", with_types=True)
+    )
+    v = select(spec).cte("v").prefix_with("MATERIALIZED")
+    return stmt.where(
+        tool_calls.c.tool_call_id == v.c.tool_call_id,
+        or_(v.c.fence_version.is_(None), tool_calls.c.version == v.c.fence_version),
+    ).values({name: v.c[name] for name in names})
+
+
+MOVED_COLUMNS = [
+    tool_calls.c[name]
+    for name in (
+        "tool_call_id", "tenant", "run_id", "turn_id", "capability_id", "correlation_id",
+        "reasoning_object_id", "idempotency_key", "input", "status", "version",
+        "external_request_id", "dispatch_attempts", "reconcile_attempts",
+    )
+]  # fmt: skip
+"""What :func:`move_many` returns of each moved row: its identity, the context of its
+events, and what a claim needs to send it (not every column: a batch's rows are
+decoded in Python, and results or timestamps are not needed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BulkMove:
+    """One call of a :func:`move_many`: the version its mover saw (None: fenced by its
+    status alone, as a claim of an ``authorized`` call is), its own column values
+    (JSON-serializable), and its event's payload."""
+
+    tool_call_id: str
+    version: int | None = None
+    values: Mapping[str, Any] = field(default_factory=dict)
+    payload: Mapping[str, Any] = field(default_factory=dict)
+
+
+async def move_many(
+    session: AsyncSession,
+    moves: Sequence[BulkMove],
+    *,
+    expected: ExecutionStatus | Iterable[ExecutionStatus],
+    target: ExecutionStatus,
+    event_type: EventType,
+    producer: str,
+    lease_owner: str | None,
+    fields: Mapping[str, Any] | None = None,
+    where: Sequence[ColumnElement[bool]] = (),
+    row_payload: Callable[[RowMapping], Mapping[str, Any]] | None = None,
+    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+) -> list[Row[Any]]:
+    """:func:`move` for many calls in three statements, whatever their number: one
+    conditional UPDATE (each row fenced by status, ``lease_owner`` unless None, its own
+    version unless None, and ``where``), one INSERT of events, one of outbox rows.
+
+    Every move must carry the same ``values`` keys. A call that no longer matches its
+    fence is skipped rather than failing the batch: its row is simply missing from
+    the result, and the caller treats it as taken over. ``row_payload`` adds to each
+    event's payload what only the moved row tells.
+    """
+    if not moves:
+        return []
+    sources = [expected] if isinstance(expected, ExecutionStatus) else list(expected)
+    for source in sources:
+        check_transition(source, target)
+    # Sorted, so concurrent batches lock shared rows in one order and cannot deadlock.
+    ordered = sorted(moves, key=lambda m: m.tool_call_id)
+    stmt = (
+        update(tool_calls)
+        .where(
+            # The ids as an array: the planner reaches the rows through the primary key
+            # (it cannot see into the JSON of per-call values below).
+            tool_calls.c.tool_call_id
+            == any_(bindparam("ids", [m.tool_call_id for m in ordered], type_=ARRAY(Text))),
+            tool_calls.c.status.in_([s.value for s in sources]),
+            *where,
+        )
+        .values(
+            status=target.value,
+            version=tool_calls.c.version + 1,
+            updated_at=func.now(),
+            **dict(fields or {}),
+        )
+    )
+    if any(m.values or m.version is not None for m in ordered):
+        stmt = _per_call(stmt, ordered)
+    if lease_owner is not None:
+        stmt = stmt.where(tool_calls.c.lease_owner == lease_owner)
+    moved = list((await session.execute(stmt.returning(*MOVED_COLUMNS))).all())
+    by_id = {m.tool_call_id: m for m in moves}
+    came_from = [s.value for s in sources]
+    events = [
+        event_row(
+            event_type,
+            CallContext.of(row._mapping),
+            producer=producer,
+            payload={
+                "from": came_from,
+                "to": target.value,
+                **dict(by_id[row.tool_call_id].payload),
+                **(row_payload(row._mapping) if row_payload else {}),
+            },
+        )
+        for row in moved
+    ]
+    await _record_all(session, events, events_topic)
+    return moved

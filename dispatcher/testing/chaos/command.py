@@ -1,0 +1,31 @@
+"""`tool-dispatcher chaos` (its arguments are parsed by :mod:`dispatcher.cli.dev`).
+Exit status: 0 when every invariant held, 1 on any violation (or a run that did not
+settle), 2 on bad arguments."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from dispatcher.settings import Settings
+from dispatcher.testing.chaos.run import ChaosOptions, run_chaos
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    # One line per HTTP request of the load would drown the harness's own log.
+    for noisy in ("httpx", "httpcore", "aiokafka"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    options = ChaosOptions(
+        duration=args.duration,
+        seed=args.seed,
+        rate=args.rate,
+        plant=args.plant,
+        settle_timeout=args.settle_timeout,
+        keep=args.keep,
+    )
+    report = asyncio.run(run_chaos(options, settings))
+    print(report.text(), flush=True)
+    if args.report:
+        report.write(args.report)
+    return 0 if report.passed else 1

@@ -1,0 +1,156 @@
+"""The local stack behind `tool-dispatcher up` and the demo: whatever the settings leave
+unconfigured is started embedded (PostgreSQL, Tansu), the schema is migrated, and every
+long-running part of the service runs in one process: the API, the outbox relay, a
+worker, and the services that packages above the dispatcher add through the
+``tool_dispatcher.services`` entry-point group (the reconciler loop, the approval
+sweeper). Production runs each as its own process instead."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import signal
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+
+import outbox_relay
+from dispatcher.api.server import api_server, wait_started
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.db import migrate
+from dispatcher.relay import relay_config
+from dispatcher.settings import ApiKey, Settings, hash_api_key
+from dispatcher.testing.embedded import EmbeddedPostgres, Tansu
+from dispatcher.testing.sandbox import SandboxServer
+from dispatcher.testing.sandbox.command import DEFAULT_PORT
+from dispatcher.topics import ensure_topics
+from dispatcher.worker.consumer import run_worker
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    dev_api_key: str | None = None
+    started: list[str] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def local_stack(settings: Settings) -> AsyncIterator[Stack]:
+    """Yield a :class:`Stack` whose settings name a migrated database and a broker."""
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    pg: EmbeddedPostgres | None = None
+    broker: Tansu | None = None
+    updates: dict[str, object] = {}
+    started: list[str] = []
+    try:
+        if settings.database_url is None:
+            pg = EmbeddedPostgres(settings.state_dir.resolve() / "pgdata")
+            updates["database_url"] = await asyncio.to_thread(pg.start)
+            started.append(f"embedded PostgreSQL  {updates['database_url']}")
+        if settings.kafka_bootstrap is None:
+            broker = Tansu(log_file=settings.state_dir / "tansu.log")
+            updates["kafka_bootstrap"] = await asyncio.to_thread(broker.start)
+            # Tansu rejects the idempotent producer.
+            updates["kafka_enable_idempotence"] = False
+            started.append(f"embedded Tansu       {updates['kafka_bootstrap']} (memory only)")
+        dev_key = None
+        if not settings.api_keys:
+            dev_key = _dev_api_key(settings)
+            updates["api_keys"] = [ApiKey(sha256=hash_api_key(dev_key), tenant="dev", name="dev")]
+        resolved = settings.model_copy(update=updates)
+        await migrate.upgrade_async(resolved.database_url or "")
+        yield Stack(resolved, dev_key, started)
+    finally:
+        if broker is not None:
+            await asyncio.to_thread(broker.stop)
+        if pg is not None:
+            await asyncio.to_thread(pg.stop)
+
+
+def _dev_api_key(settings: Settings) -> str:
+    """A per-checkout development key, kept in the state directory."""
+    path = settings.state_dir / "dev-api-key"
+    if path.exists():
+        return path.read_text().strip()
+    key = "dev_" + secrets.token_urlsafe(24)
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    return key
+
+
+log = logging.getLogger(__name__)
+SERVICES_GROUP = "tool_dispatcher.services"
+Service = Callable[[Settings, CapabilityRegistry, asyncio.Event], Coroutine[None, None, None]]
+
+
+@asynccontextmanager
+async def all_services(
+    settings: Settings, registry: CapabilityRegistry, *, port: int | None = None
+) -> AsyncIterator[list[str]]:
+    """Run everything until the block exits; yields one line per running part."""
+    stop = asyncio.Event()
+    await ensure_topics(settings)
+    server = api_server(settings, registry, port=port, install_signal_handlers=False)
+    tasks = {"api": asyncio.create_task(server.serve())}
+    await wait_started(server, tasks["api"])
+    tasks["relay"] = asyncio.create_task(outbox_relay.run_relay(relay_config(settings), stop))
+    tasks["worker"] = asyncio.create_task(run_worker(settings, registry, stop))
+    for plugin in entry_points(group=SERVICES_GROUP):
+        service: Service = plugin.load()
+        tasks[plugin.name] = asyncio.create_task(service(settings, registry, stop))
+    lines = [f"{'API':<21} http://{settings.http_host}:{server.config.port}"]
+    lines += [f"{name:<21} running" for name in tasks if name != "api"]
+    try:
+        yield lines
+    finally:
+        stop.set()
+        server.should_exit = True
+        for name, task in tasks.items():
+            try:
+                await asyncio.wait_for(task, 15)
+            except TimeoutError:
+                log.warning("%s did not stop in time", name)
+            except Exception:  # one part's failure must not keep the others running
+                log.exception("%s failed", name)
+            finally:
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+
+async def run_up(settings: Settings, registry: CapabilityRegistry, *, sandbox: bool) -> int:
+    """`tool-dispatcher up`: everything until SIGTERM/SIGINT. ``sandbox`` starts the
+    sandbox provider on its default port, where the sandbox registry points."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with local_stack(settings) as stack:
+        s = stack.settings
+        provider = SandboxServer(port=DEFAULT_PORT) if sandbox else None
+        if provider is not None:
+            await provider.start()
+        try:
+            async with all_services(s, registry) as lines:
+                print("tool-dispatcher is up")
+                for line in stack.started:
+                    print(f"  {line}")
+                if provider is not None:
+                    print(f"  sandbox provider      {provider.url}")
+                print(f"  database              {s.database_url}")
+                print(f"  kafka                 {s.kafka_bootstrap}")
+                for line in lines:
+                    print(f"  {line}")
+                if stack.dev_api_key:
+                    print(f"  dev API key (tenant 'dev'): {stack.dev_api_key}")
+                print("Ctrl-C stops everything.", flush=True)
+                await stop.wait()
+        finally:
+            if provider is not None:
+                await provider.stop()
+    print("stopped")
+    return 0

@@ -1,0 +1,143 @@
+"""Point A: claiming calls (``-> dispatching``) under a worker's lease, many per
+transaction.
+
+A batch claim is one conditional UPDATE of every named call that is still in the
+expected state (plus its events and outbox rows): a duplicate command, a call already
+claimed or recorded, or one that is not ``authorized`` is simply not in the result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Float,
+    Text,
+    any_,
+    bindparam,
+    cast,
+    func,
+    literal_column,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from dispatcher.capabilities import Capability
+from dispatcher.db.tables import tool_calls
+from dispatcher.ledger.events import EventType
+from dispatcher.ledger.transitions import BulkMove, move_many
+from dispatcher.states import ExecutionStatus as S
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    tool_call_id: str
+    capability: Capability
+    idempotency_key: str
+    input: dict[str, Any]
+    correlation_id: str | None
+    version: int
+    lease_seconds: float
+    claimed_at: float
+    # A reconciler's re-send: a final answer settles the call (-> confirmed) instead of
+    # completing or failing it, because the call was already in doubt.
+    settles: bool = False
+    # Kept when the answer carries none (a re-send of a call the provider already named).
+    external_request_id: str | None = None
+
+
+def lease_seconds(capability: Capability, minimum: float, margin: float) -> float:
+    """Long enough for every attempt the retry policy allows, plus a margin: a lease
+    that lapses while the worker is still legitimately sending would hand a live call
+    to the recovery sweep."""
+    policy = capability.retry
+    worst = (
+        capability.request.timeout_seconds * policy.max_attempts
+        + policy.max_backoff_seconds * (policy.max_attempts - 1)
+    )
+    return max(minimum, worst + margin)
+
+
+def by_capability(name: str, seconds: Mapping[str, float]) -> BindParameter[Any]:
+    """Seconds per capability id as one JSON parameter: a statement covering calls of
+    several capabilities keeps one constant text, whatever the registry holds."""
+    return bindparam(name, dict(seconds), type_=JSONB)
+
+
+def seconds_of(table: BindParameter[Any]) -> ColumnElement[Any]:
+    """The interval that ``table`` (see :func:`by_capability`) gives each row."""
+    looked_up = cast(table[tool_calls.c.capability_id].astext, Float)
+    return looked_up * literal_column("interval '1 second'")
+
+
+async def claim_calls(
+    session: AsyncSession,
+    moves: Sequence[BulkMove],
+    *,
+    capabilities: Mapping[str, Capability],
+    leases: Mapping[str, float],
+    owner: str,
+    producer: str,
+    events_topic: str | None,
+    expected: S = S.AUTHORIZED,
+    event_type: EventType = EventType.TOOL_CALL_DISPATCHING,
+    fence_owner: str | None = None,
+    settles: bool = False,
+) -> list[Claim]:
+    """Move every call of ``moves`` that is still ``expected`` (and, when given, held by
+    ``fence_owner`` at its move's version) to ``dispatching`` under ``owner``'s lease,
+    in the caller's transaction; the caller's commit is point A.
+
+    ``leases`` gives the lease of each capability by id; a call whose capability has
+    none is not claimed. A move without ``dispatch_attempts`` in its values counts the
+    attempt in SQL.
+    """
+    leased = by_capability("leases", leases)
+    fields: dict[str, Any] = {
+        "lease_owner": owner,
+        "lease_expires_at": func.now() + seconds_of(leased),
+        # A re-send keeps the first dispatch time: the provider's idempotency window is
+        # counted from it.
+        "dispatched_at": func.coalesce(tool_calls.c.dispatched_at, func.now())
+        if settles
+        else func.now(),
+    }
+    if moves and "dispatch_attempts" not in moves[0].values:
+        fields["dispatch_attempts"] = tool_calls.c.dispatch_attempts + 1
+    rows = await move_many(
+        session,
+        moves,
+        expected=expected,
+        target=S.DISPATCHING,
+        event_type=event_type,
+        producer=producer,
+        events_topic=events_topic,
+        lease_owner=fence_owner,
+        fields=fields,
+        where=[
+            tool_calls.c.capability_id
+            == any_(bindparam("capabilities", list(leases), type_=ARRAY(Text)))
+        ],
+        row_payload=lambda row: {"worker": owner, "leaseSeconds": leases[row["capability_id"]]},
+    )
+    now = time.monotonic()
+    return [
+        Claim(
+            row.tool_call_id,
+            capabilities[row.capability_id],
+            row.idempotency_key,
+            row.input,
+            row.correlation_id,
+            row.version,
+            leases[row.capability_id],
+            now,
+            settles,
+            row.external_request_id,
+        )
+        for row in rows
+    ]

@@ -1,0 +1,243 @@
+"""`tool-dispatcher worker`: consume dispatch commands and execute them.
+
+Each fetch is executed as one batch (one claim transaction, the requests in flight
+together, one record transaction: see :mod:`dispatcher.worker.executor`), and its offsets
+are committed only after the database recorded the batch's outcomes; a command seen
+twice is dropped by the call's state (only an ``authorized`` call can be claimed).
+Every worker also runs the recovery sweep and, less often, re-drives calls whose
+dispatch command the broker lost (:mod:`dispatcher.worker.redrive`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import uuid
+from typing import Any
+
+import httpx
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.structs import OffsetAndMetadata
+
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.db.engine import create_engine, session_factory
+from dispatcher.provider.client import ProviderClient
+from dispatcher.settings import Settings
+from dispatcher.topics import ensure_topics_when_reachable
+from dispatcher.worker.crashpoints import CrashPoints
+from dispatcher.worker.executor import Executor
+from dispatcher.worker.recovery import recover_expired
+from dispatcher.worker.redrive import redrive_stale
+
+log = logging.getLogger(__name__)
+
+CONNECTIONS_PER_POOL = 2
+"""Measured against the sandbox: pools of 1 or 2 connections cost the least CPU per
+request; from 4 up the cost grows with the pool."""
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def dispatch_command(record: ConsumerRecord[Any, Any]) -> tuple[str, str | None] | None:
+    """The call and capability a dispatch command names, or None for a message that
+    is not one."""
+    try:
+        payload = json.loads(record.value)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(payload, dict):
+        return None
+    tool_call_id, capability_id = payload.get("toolCallId"), payload.get("capabilityId")
+    if not isinstance(tool_call_id, str) or not tool_call_id:
+        return None
+    return tool_call_id, capability_id if isinstance(capability_id, str) else None
+
+
+def provider_pools(connections: int) -> list[httpx.AsyncClient]:
+    """``connections`` provider connections in pools of at most
+    :data:`CONNECTIONS_PER_POOL` (see :class:`ProviderClient` for why small)."""
+    sizes = [CONNECTIONS_PER_POOL] * (connections // CONNECTIONS_PER_POOL)
+    if connections % CONNECTIONS_PER_POOL:
+        sizes.append(connections % CONNECTIONS_PER_POOL)
+    return [
+        httpx.AsyncClient(
+            limits=httpx.Limits(
+                max_connections=size,
+                max_keepalive_connections=size,
+                # Shorter than a provider's idle timeout, so a pooled
+                # connection is not reused just as the server closes it.
+                keepalive_expiry=2.0,
+            ),
+            follow_redirects=False,
+        )
+        for size in sizes
+    ]
+
+
+def default_provider(settings: Settings, pools: list[httpx.AsyncClient]) -> ProviderClient:
+    return ProviderClient(
+        pools, settings.provider_credentials(), max_in_flight=settings.provider_max_connections
+    )
+
+
+async def run_worker(
+    settings: Settings,
+    registry: CapabilityRegistry,
+    stop: asyncio.Event,
+    *,
+    worker_id: str | None = None,
+    provider: ProviderClient | None = None,
+) -> None:
+    """Consume until ``stop`` is set; calls in flight finish and are recorded first.
+
+    ``provider`` is the client that sends calls (its owner closes it); by default one
+    built from the settings, closed here."""
+    worker_id = worker_id or new_worker_id()
+    if not await ensure_topics_when_reachable(settings, stop):
+        return
+    engine = create_engine(settings)
+    sessions = session_factory(engine)
+    pools = [] if provider is not None else provider_pools(settings.provider_max_connections)
+    if provider is None:
+        provider = default_provider(settings, pools)
+    executor = Executor(
+        sessions,
+        registry,
+        provider,
+        worker_id=worker_id,
+        events_topic=settings.events_topic,
+        min_lease_seconds=settings.min_lease_seconds,
+        lease_margin_seconds=settings.lease_margin_seconds,
+        crash=CrashPoints(settings.crash_at),
+    )
+    consumer = AIOKafkaConsumer(
+        settings.dispatch_topic,
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=settings.worker_group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
+        max_poll_records=settings.worker_concurrency,
+        session_timeout_ms=settings.kafka_session_timeout_ms,
+        heartbeat_interval_ms=max(300, settings.kafka_session_timeout_ms // 4),
+    )
+    await consumer.start()
+    sweeper = asyncio.create_task(_sweep(settings, registry, sessions, stop))
+    known = {cap.id for cap in registry}
+    log.info("worker %s consuming %s", worker_id, settings.dispatch_topic)
+    try:
+        while not stop.is_set():
+            batches = await consumer.getmany(timeout_ms=200)
+            if batches:
+                await _process(consumer, batches, executor, known)
+    finally:
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
+        await consumer.stop()
+        for http in pools:
+            await http.aclose()
+        await engine.dispose()
+
+
+def _commands(records: list[ConsumerRecord[Any, Any]], known: set[str]) -> list[str]:
+    """The calls the fetched records name, in order; other messages are dropped."""
+    calls = []
+    for record in records:
+        command = dispatch_command(record)
+        if command is None:
+            log.error(
+                "dropping a message that is not a dispatch command at %s:%s@%s",
+                record.topic,
+                record.partition,
+                record.offset,
+            )
+            continue
+        tool_call_id, capability_id = command
+        if capability_id is not None and capability_id not in known:
+            # Its call stays authorized: no claim is taken for an unknown capability.
+            log.error("call %s names an unregistered capability", tool_call_id)
+        calls.append(tool_call_id)
+    return calls
+
+
+async def _process(
+    consumer: AIOKafkaConsumer,
+    batches: dict[TopicPartition, list[ConsumerRecord[Any, Any]]],
+    executor: Executor,
+    known: set[str],
+) -> None:
+    """Execute every fetched command as one batch, then commit all offsets at once."""
+    records = [r for rs in batches.values() for r in rs]
+    try:
+        await executor.execute_many(_commands(records, known))
+    except Exception:  # the database did not take the batch: replay it
+        log.exception("batch of %d commands failed; replaying it", len(records))
+        # Each partition from its first record; commands that did succeed are then
+        # dropped by their state.
+        for tp, rs in batches.items():
+            consumer.seek(tp, rs[0].offset)
+        await asyncio.sleep(1.0)
+        return
+    await commit_recorded(
+        consumer, {tp: OffsetAndMetadata(rs[-1].offset + 1, "") for tp, rs in batches.items()}
+    )
+
+
+async def commit_recorded(
+    consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, OffsetAndMetadata]
+) -> None:
+    """Commit a recorded batch's offsets, unless the group rebalanced meanwhile.
+
+    A lost commit costs nothing: the outcomes are already in the database, so the
+    partitions' new owner is redelivered the batch's commands and drops them by the
+    calls' state. Exiting instead would only trigger another rebalance.
+    """
+    try:
+        await consumer.commit(offsets)
+    except CommitFailedError:
+        # The broker refused this member's stale generation (aiokafka reports
+        # RebalanceInProgress, IllegalGeneration and UnknownMemberId as this).
+        log.warning(
+            "offsets of a recorded batch not committed: the group rebalanced; "
+            "its commands will be redelivered and dropped by their state"
+        )
+    except IllegalStateError as exc:
+        # The rebalance already completed here and took (some of) the partitions away.
+        log.warning("offsets of a recorded batch not committed: %s", exc)
+
+
+async def _sweep(
+    settings: Settings, registry: CapabilityRegistry, sessions: Any, stop: asyncio.Event
+) -> None:
+    loop = asyncio.get_running_loop()
+    next_redrive = loop.time() + settings.redrive_interval_seconds
+    known = {cap.id for cap in registry}
+    while not stop.is_set():
+        try:
+            await recover_expired(
+                sessions,
+                registry,
+                dispatch_topic=settings.dispatch_topic,
+                events_topic=settings.events_topic,
+            )
+            if loop.time() >= next_redrive:
+                next_redrive = loop.time() + settings.redrive_interval_seconds
+                await redrive_stale(
+                    sessions,
+                    dispatch_topic=settings.dispatch_topic,
+                    older_than_seconds=settings.redrive_after_seconds,
+                    known_capabilities=known,
+                    events_topic=settings.events_topic,
+                )
+        except Exception:  # the sweep must outlive a database outage
+            log.exception("recovery sweep failed; trying again")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), settings.recovery_interval_seconds)

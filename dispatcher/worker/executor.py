@@ -1,0 +1,214 @@
+"""Executing tool calls: claim them (point A), call the provider, record what really
+happened (point B), a batch at a time.
+
+Point A commits ``authorized -> dispatching`` with a lease BEFORE any request leaves,
+so a crash after it is visible to the recovery sweep. Point B commits the outcomes,
+their events and their outbox rows together, each call fenced by the lease owner and
+version its claim took: a worker that stalled past its lease cannot record anything.
+
+A batch is one claim transaction (:mod:`dispatcher.worker.claims`), its requests in flight
+at once (bounded by the provider client), and one record transaction
+(:mod:`dispatcher.worker.outcomes`). The single-call methods are batches of one. The crash
+points ``after-claim``, ``after-send`` and ``after-record`` are passed once per batch,
+at the same commit boundaries as for a single call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dispatcher.capabilities import Capability, CapabilityRegistry
+from dispatcher.errors import TransitionConflict
+from dispatcher.ledger.events import EventType
+from dispatcher.ledger.transitions import BulkMove
+from dispatcher.provider.client import DispatchRequest, ProviderClient, ProviderOutcome
+from dispatcher.states import ExecutionStatus as S
+from dispatcher.worker.claims import Claim, claim_calls, lease_seconds
+from dispatcher.worker.crashpoints import CrashPoints
+from dispatcher.worker.outcomes import OutcomeRecorder, Sent
+
+__all__ = ["PRODUCER", "Claim", "Executor", "lease_seconds"]
+
+log = logging.getLogger(__name__)
+PRODUCER = "tool-dispatcher.worker"
+
+
+class Executor:
+    """Runs dispatch commands for one worker identity."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        registry: CapabilityRegistry,
+        provider: ProviderClient,
+        *,
+        worker_id: str,
+        events_topic: str,
+        min_lease_seconds: float = 10.0,
+        lease_margin_seconds: float = 5.0,
+        crash: CrashPoints | None = None,
+        producer: str = PRODUCER,
+    ) -> None:
+        self._sessions = sessions
+        self._producer = producer
+        self._provider = provider
+        self.worker_id = worker_id
+        self._events_topic = events_topic
+        self._min_lease = min_lease_seconds
+        self._lease_margin = lease_margin_seconds
+        self._crash = crash or CrashPoints()
+        self._capabilities = {cap.id: cap for cap in registry}
+        self._leases = {cap.id: self._lease_of(cap) for cap in registry}
+        self._recorder = OutcomeRecorder(worker_id, producer, events_topic)
+
+    def _lease_of(self, capability: Capability) -> float:
+        return lease_seconds(capability, self._min_lease, self._lease_margin)
+
+    async def execute(self, tool_call_id: str) -> S | None:
+        """Run the call if it is still ``authorized``; returns the recorded status, or
+        None when the command was a duplicate or another worker got there first."""
+        return (await self.execute_many([tool_call_id])).get(tool_call_id)
+
+    async def execute_many(self, tool_call_ids: Iterable[str]) -> dict[str, S | None]:
+        """Run every named call that is still ``authorized``: one claim transaction,
+        the requests concurrently, one record transaction. Calls that were not claimed
+        (duplicates, already claimed or recorded) are absent from the result."""
+        claims = await self.claim_many(tool_call_ids)
+        if not claims:
+            return {}
+        return await self.run_many(claims)
+
+    async def claim(self, tool_call_id: str) -> Claim | None:
+        """Point A for one call: ``authorized -> dispatching`` under this worker's
+        lease, committed; None when the call is not ``authorized``."""
+        claims = await self.claim_many([tool_call_id])
+        return claims[0] if claims else None
+
+    async def claim_many(self, tool_call_ids: Iterable[str]) -> list[Claim]:
+        """Point A for a batch, in one committed transaction. A call that is not
+        ``authorized``, or whose capability is not registered, is left alone."""
+        moves = [BulkMove(tool_call_id) for tool_call_id in dict.fromkeys(tool_call_ids)]
+        if not moves:
+            return []
+        async with self._sessions() as session, session.begin():
+            return await claim_calls(
+                session,
+                moves,
+                capabilities=self._capabilities,
+                leases=self._leases,
+                owner=self.worker_id,
+                producer=self._producer,
+                events_topic=self._events_topic,
+            )
+
+    async def claim_in(
+        self,
+        session: AsyncSession,
+        tool_call_id: str,
+        capability: Capability,
+        *,
+        expected: S,
+        dispatch_attempts: int,
+        event_type: EventType = EventType.TOOL_CALL_DISPATCHING,
+        payload: dict[str, Any] | None = None,
+        lease_owner: str | None = None,
+        version: int | None = None,
+        settles: bool = False,
+    ) -> Claim:
+        """Move ``expected -> dispatching`` under this worker's lease in the caller's
+        transaction (the caller's commit is point A). ``lease_owner`` and ``version``
+        fence the move as in :func:`dispatcher.ledger.transitions.move`; ``dispatch_attempts``
+        is the count the caller saw. Raises :class:`TransitionConflict`."""
+        claims = await claim_calls(
+            session,
+            [
+                BulkMove(
+                    tool_call_id,
+                    version,
+                    {"dispatch_attempts": dispatch_attempts + 1},
+                    payload or {},
+                )
+            ],
+            capabilities={capability.id: capability},
+            leases={capability.id: self._lease_of(capability)},
+            owner=self.worker_id,
+            producer=self._producer,
+            events_topic=self._events_topic,
+            expected=expected,
+            event_type=event_type,
+            fence_owner=lease_owner,
+            settles=settles,
+        )
+        if not claims:
+            raise TransitionConflict(
+                f"tool call {tool_call_id!r} is no longer {expected.value}"
+                " (or its lease/version changed)",
+                toolCallId=tool_call_id,
+                target=S.DISPATCHING.value,
+            )
+        return claims[0]
+
+    async def run(self, claim: Claim) -> S | None:
+        """Send a claimed call (its lease committed) and record the outcome."""
+        return (await self.run_many([claim])).get(claim.tool_call_id)
+
+    async def run_many(self, claims: Sequence[Claim]) -> dict[str, S | None]:
+        """Send claimed calls (their leases committed) concurrently, then record every
+        outcome in one transaction. None: not sent (lease lapsed) or not recorded
+        (lease lost)."""
+        self._crash.hit("after-claim")
+        statuses: dict[str, S | None] = {}
+        live: list[Claim] = []
+        now = time.monotonic()
+        for claim in claims:
+            if now - claim.claimed_at > claim.lease_seconds:
+                # Stalled before sending: the recovery sweep owns the call now.
+                log.warning("lease of %s lapsed before sending; not sending", claim.tool_call_id)
+                statuses[claim.tool_call_id] = None
+            else:
+                live.append(claim)
+        outcomes = await asyncio.gather(*(self._send(claim) for claim in live))
+        self._crash.hit("after-send")
+        statuses.update(await self.record_many(list(map(Sent, live, outcomes))))
+        self._crash.hit("after-record")
+        return statuses
+
+    async def _send(self, claim: Claim) -> ProviderOutcome:
+        return await self._provider.dispatch(
+            claim.capability,
+            DispatchRequest(
+                claim.tool_call_id,
+                claim.idempotency_key,
+                claim.input,
+                trace_seed=claim.correlation_id or claim.tool_call_id,
+            ),
+        )
+
+    async def record(self, claim: Claim, outcome: ProviderOutcome) -> S | None:
+        """Point B for one call; None when its lease was lost."""
+        return (await self.record_many([Sent(claim, outcome)])).get(claim.tool_call_id)
+
+    async def record_many(self, sent: Sequence[Sent]) -> dict[str, S | None]:
+        """Point B: the outcomes, their events and outbox rows, in one transaction,
+        each call fenced by its claim."""
+        if not sent:
+            return {}
+        async with self._sessions() as session, session.begin():
+            recorded = await self._recorder.record(session, sent)
+        statuses: dict[str, S | None] = {}
+        for item in sent:
+            call = item.claim.tool_call_id
+            statuses[call] = recorded.get(call)
+            if call not in recorded:
+                # Fenced out: our lease lapsed and the recovery sweep (or another
+                # worker) took the call over. What we saw is not recorded; the
+                # reconciler asks the provider, which holds the truth under the same
+                # idempotency key.
+                log.warning("outcome of %s not recorded: lease lost", call)
+        return statuses

@@ -1,0 +1,149 @@
+"""Crash recovery: the seed lesson's three-way rule, as code.
+
+A worker that dies between point A (claim committed) and point B (outcome committed)
+leaves its call in ``dispatching`` with a lease that runs out. For such a call:
+
+- outcome recorded (ledger hit) -> nothing runs again; the recorded result stands;
+- no outcome, capability read-only -> dispatched again;
+- no outcome, capability with side effects -> ``result_unknown``, for the reconciler.
+
+Point B records the outcome in the same transaction as the status change, so "outcome
+recorded" shows as a call that is past ``dispatching``: a redelivered command for it is
+dropped by :func:`decide` and the sweep never sees it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.db.tables import outbox, tool_calls
+from dispatcher.errors import CapabilityNotFound
+from dispatcher.intake.service import dispatch_command
+from dispatcher.ledger.events import CallContext, EventType
+from dispatcher.ledger.transitions import move
+from dispatcher.states import ExecutionStatus as S
+from dispatcher.states import ReconciliationStatus, VerificationStatus
+
+log = logging.getLogger(__name__)
+PRODUCER = "tool-dispatcher.recovery"
+
+
+class Recovery(StrEnum):
+    REUSE_RECORDED = "reuse_recorded"
+    REDISPATCH = "redispatch"
+    MARK_UNKNOWN = "mark_unknown"
+
+
+def decide(status: S, side_effects: bool) -> Recovery:
+    """What to do with a call whose worker died."""
+    if status is not S.DISPATCHING:
+        return Recovery.REUSE_RECORDED
+    return Recovery.MARK_UNKNOWN if side_effects else Recovery.REDISPATCH
+
+
+@dataclass
+class RecoveryReport:
+    redispatched: list[str] = field(default_factory=list)
+    marked_unknown: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return len(self.redispatched) + len(self.marked_unknown)
+
+
+async def recover_expired(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    *,
+    dispatch_topic: str,
+    events_topic: str,
+    limit: int = 200,
+) -> RecoveryReport:
+    """Apply the three-way rule to every ``dispatching`` call whose lease expired.
+
+    Several sweepers may run at once (one per worker): ``SKIP LOCKED`` gives each
+    call to exactly one of them.
+    """
+    report = RecoveryReport()
+    async with sessions() as session, session.begin():
+        rows = (
+            await session.execute(
+                select(tool_calls)
+                .where(
+                    tool_calls.c.status == S.DISPATCHING, tool_calls.c.lease_expires_at < func.now()
+                )
+                .order_by(tool_calls.c.lease_expires_at)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
+        ).all()
+        for row in rows:
+            m = row._mapping
+            try:
+                side_effects = registry.get(m["capability_id"]).side_effects
+            except CapabilityNotFound:
+                side_effects = True  # unknown means we cannot prove it is harmless
+            why = {
+                "reason": "worker lost between claim and outcome (lease expired)",
+                "deadWorker": m["lease_owner"],
+                "rule": decide(S.DISPATCHING, side_effects),
+            }
+            fence = {"lease_owner": m["lease_owner"], "version": m["version"]}
+            released = {"lease_owner": None, "lease_expires_at": None}
+            if side_effects:
+                await move(
+                    session,
+                    m["tool_call_id"],
+                    expected=S.DISPATCHING,
+                    target=S.RESULT_UNKNOWN,
+                    event_type=EventType.TOOL_CALL_RESULT_UNKNOWN,
+                    producer=PRODUCER,
+                    events_topic=events_topic,
+                    payload=why,
+                    **fence,
+                    fields={
+                        **released,
+                        "last_error": "worker_lost: outcome not recorded",
+                        "reconciliation_status": ReconciliationStatus.PENDING,
+                        "verification_status": VerificationStatus.PENDING,
+                        "next_reconcile_at": func.now(),
+                    },
+                )
+                report.marked_unknown.append(m["tool_call_id"])
+            else:
+                moved = await move(
+                    session,
+                    m["tool_call_id"],
+                    expected=S.DISPATCHING,
+                    target=S.AUTHORIZED,
+                    event_type=EventType.TOOL_CALL_REDISPATCHED,
+                    producer=PRODUCER,
+                    events_topic=events_topic,
+                    payload=why,
+                    fields=released,
+                    **fence,
+                )
+                await session.execute(
+                    outbox.insert().values(
+                        dispatch_command(
+                            CallContext.of(moved._mapping),
+                            m["idempotency_key"],
+                            topic=dispatch_topic,
+                            causation_id=None,
+                        )
+                    )
+                )
+                report.redispatched.append(m["tool_call_id"])
+    if report.total:
+        log.info(
+            "recovery: %d re-dispatched, %d marked result_unknown",
+            len(report.redispatched),
+            len(report.marked_unknown),
+        )
+    return report

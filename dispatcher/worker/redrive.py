@@ -1,0 +1,132 @@
+"""Re-driving ``authorized`` calls whose dispatch command was lost.
+
+The database is the source of truth, the broker is not: a broker that loses its
+memory (Tansu keeps nothing across a restart; a managed cluster can lose an unflushed
+partition) takes published dispatch commands with it, and the relay has already
+marked their outbox rows published. Such a call stays ``authorized`` for ever unless
+someone notices. :func:`redrive_stale` notices: a call ``authorized`` for longer than
+a threshold, with no dispatch command still waiting in the outbox and none written
+within the threshold, gets its command written again through the outbox, together
+with a ``tool.call.redriven`` event (the command's cause), so the call's log says why
+it was dispatched late.
+
+Why this is safe: only an ``authorized`` call can be claimed (a conditional UPDATE),
+so a command that arrives twice, or after another worker claimed the call, is
+dropped by the call's state. Why it does not flood: a call is re-driven at most once
+per threshold, because the command just written is itself the proof that one is on
+its way (its outbox row is unpublished, then younger than the threshold).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from datetime import timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dispatcher.db.tables import outbox, tool_calls
+from dispatcher.intake.service import dispatch_command
+from dispatcher.ledger.events import (
+    DEFAULT_EVENTS_TOPIC,
+    CallContext,
+    EventType,
+    event_row,
+    record_events,
+)
+from dispatcher.states import ExecutionStatus as S
+
+log = logging.getLogger(__name__)
+
+PRODUCER = "tool-dispatcher.redrive"
+
+
+async def redrive_stale(
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    dispatch_topic: str,
+    older_than_seconds: float,
+    known_capabilities: Collection[str] | None = None,
+    limit: int = 200,
+    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+) -> list[str]:
+    """Write the dispatch command again for every call ``authorized`` for longer than
+    ``older_than_seconds`` whose command is neither waiting in the outbox nor younger
+    than that; returns the calls re-driven.
+
+    Calls of capabilities outside ``known_capabilities`` are left alone: a worker
+    refuses to claim them, so re-emitting would only repeat the refusal. Several
+    re-drivers may run at once: ``SKIP LOCKED`` gives each call to one of them, and
+    the one that comes later sees the fresh outbox row.
+    """
+    threshold = func.now() - timedelta(seconds=older_than_seconds)
+    async with sessions() as session, session.begin():
+        # ix_tool_calls_authorized_since holds only the calls waiting in authorized,
+        # oldest first, so this reads no more than it returns.
+        candidates = (
+            await session.execute(
+                select(tool_calls)
+                .where(tool_calls.c.status == S.AUTHORIZED, tool_calls.c.updated_at < threshold)
+                .order_by(tool_calls.c.updated_at)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
+        ).all()
+        rows = [
+            r
+            for r in candidates
+            if known_capabilities is None or r.capability_id in known_capabilities
+        ]
+        if not rows:
+            return []
+        ids = [r.tool_call_id for r in rows]
+        covered = set(
+            (
+                await session.execute(
+                    select(outbox.c.key)
+                    .distinct()
+                    .where(
+                        outbox.c.key.in_(ids),
+                        outbox.c.topic == dispatch_topic,
+                        outbox.c.published_at.is_(None) | (outbox.c.created_at >= threshold),
+                    )
+                )
+            ).scalars()
+        )
+        stale = [r for r in rows if r.tool_call_id not in covered]
+        if stale:
+            events = [
+                event_row(
+                    EventType.TOOL_CALL_REDRIVEN,
+                    CallContext.of(r._mapping),
+                    producer=PRODUCER,
+                    payload={
+                        "authorizedSince": r.updated_at.isoformat(),
+                        "thresholdSeconds": older_than_seconds,
+                    },
+                )
+                for r in stale
+            ]
+            await record_events(session, events, topic=events_topic)
+            await session.execute(
+                outbox.insert(),
+                [
+                    dispatch_command(
+                        CallContext.of(r._mapping),
+                        r.idempotency_key,
+                        topic=dispatch_topic,
+                        causation_id=event["event_id"],
+                    )
+                    for r, event in zip(stale, events, strict=True)
+                ],
+            )
+    redriven = [r.tool_call_id for r in stale]
+    if redriven:
+        log.warning(
+            "redrive: %d call(s) authorized for over %.0fs without a command in flight; "
+            "dispatch command written again",
+            len(redriven),
+            older_than_seconds,
+        )
+    return redriven
