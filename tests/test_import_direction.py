@@ -7,6 +7,8 @@ Read from the source with :mod:`ast`, so an import inside a function or behind
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,49 @@ def test_every_import_form_is_seen() -> None:
         "dispatcher.states",
         "outbox_relay.table",
     }
+
+
+def _module_level_imports(source: str, package: str) -> set[str]:
+    """Modules imported at module level (not inside a function), TYPE_CHECKING included."""
+    tree = ast.parse(source)
+    inner = {
+        id(node)
+        for fn in ast.walk(tree)
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+        for node in ast.walk(fn)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in inner or not isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        found |= imported_modules(ast.unparse(node), package)
+    return found
+
+
+def test_the_cli_reaches_dev_tooling_only_inside_its_handlers() -> None:
+    # A production `serve` or `worker` must not load the sandbox or the chaos harness:
+    # import-linter allows dispatcher.cli.dev -> dispatcher.testing; this keeps it lazy.
+    offenders = {
+        str(path.relative_to(REPO)): sorted(
+            name
+            for name in _module_level_imports(path.read_text(), "dispatcher.cli")
+            if name.startswith("dispatcher.testing")
+        )
+        for path in sorted((REPO / "dispatcher" / "cli").glob("*.py"))
+    }
+    assert {path: names for path, names in offenders.items() if names} == {}
+    lazy = imported_modules((REPO / "dispatcher" / "cli" / "dev.py").read_text(), "dispatcher.cli")
+    assert any(name.startswith("dispatcher.testing") for name in lazy)
+
+
+def test_a_production_command_does_not_load_dev_tooling() -> None:
+    code = (
+        "import sys\n"
+        "from dispatcher.cli.main import build_parser\n"
+        "build_parser().parse_args(['worker'])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('dispatcher.testing')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"
