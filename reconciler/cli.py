@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
 import uvloop
 from prometheus_client import start_http_server
 from sqlalchemy.exc import DBAPIError
@@ -25,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.cli.parsing import require_registry
 from dispatcher.db.engine import create_engine, session_factory
+from dispatcher.provider.contract import pool as provider_pool
 from dispatcher.settings import Settings
 from reconciler.loop import Reconciler
 
@@ -59,15 +59,8 @@ async def reconciler_for(
 ) -> AsyncIterator[tuple[Reconciler, async_sessionmaker[AsyncSession]]]:
     """A reconciler with its own engine and HTTP client, closed on exit."""
     engine = create_engine(settings)
-    limits = httpx.Limits(
-        max_connections=settings.reconcile_concurrency,
-        max_keepalive_connections=settings.reconcile_concurrency,
-        # Shorter than a provider's idle timeout, so a pooled connection is not
-        # reused just as the server closes it.
-        keepalive_expiry=2.0,
-    )
     try:
-        async with httpx.AsyncClient(limits=limits, follow_redirects=False) as http:
+        async with provider_pool(settings.reconcile_concurrency) as http:
             sessions = session_factory(engine)
             yield (
                 Reconciler(

@@ -9,7 +9,6 @@ effect once.
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,12 +19,24 @@ from urllib.parse import quote
 import httpx
 
 from dispatcher.capabilities import Capability, Endpoint
+from dispatcher.provider.contract import (
+    ProviderState,
+    credential_headers,
+    external_request_id,
+    read_json,
+    state_of,
+    status_word,
+)
 from reconciler.policy import Observation
 
-_SUCCEEDED = {"succeeded", "completed", "success", "ok"}
-_FAILED = {"failed", "failure", "error", "declined"}
-_PENDING = {"pending", "accepted", "processing", "in_progress", "queued"}
-_PARTIAL = {"partial", "partially_succeeded", "partially_applied"}
+# What a lookup observed, by the provider's own word for the request's state.
+_OBSERVED = {
+    ProviderState.SUCCEEDED: Observation.SUCCEEDED,
+    ProviderState.FAILED: Observation.FAILED,
+    ProviderState.PENDING: Observation.PENDING,
+    ProviderState.PARTIAL: Observation.PARTIAL,
+    ProviderState.UNRECOGNISED: Observation.UNREADABLE,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +177,7 @@ class ProviderLookup:
             )
         except httpx.HTTPError as exc:
             return CompensationAnswer(Reversal.UNKNOWN, error=f"compensation: {type(exc).__name__}")
-        status, body = response.status_code, _body(response)
+        status, body = response.status_code, read_json(response)
         if 200 <= status < 300:
             return CompensationAnswer(Reversal.DONE, status, body)
         code = body.get("code") if isinstance(body, dict) else None
@@ -176,19 +187,11 @@ class ProviderLookup:
         return CompensationAnswer(Reversal.REFUSED, status, body, error)
 
     def _headers(self, capability: Capability) -> dict[str, str]:
-        secret = self._secrets.get(capability.id)
-        return {"Authorization": f"Bearer {secret}"} if secret else {}
+        return credential_headers(self._secrets, capability.id)
 
 
 def _fill(endpoint: Endpoint, name: str, value: str) -> str:
     return endpoint.url.replace("{" + name + "}", quote(value, safe=""))
-
-
-def _body(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
 
 
 def _classify(response: httpx.Response, via: str) -> Answer:
@@ -197,30 +200,18 @@ def _classify(response: httpx.Response, via: str) -> Answer:
         return Answer(Observation.NOT_FOUND, via, status)
     if status != 200:
         return Answer(Observation.LOOKUP_FAILED, via, status, error=f"lookup: HTTP {status}")
-    body = _body(response)
+    body = read_json(response)
     if not isinstance(body, dict):
         return Answer(Observation.UNREADABLE, via, status, error="lookup: body is not an object")
-    ext = body.get("externalRequestId") or body.get("id")
-    state = str(body.get("status", "")).lower()
-    observation = (
-        Observation.SUCCEEDED
-        if state in _SUCCEEDED
-        else Observation.FAILED
-        if state in _FAILED
-        else Observation.PENDING
-        if state in _PENDING
-        else Observation.PARTIAL
-        if state in _PARTIAL
-        else Observation.UNREADABLE
-    )
+    observation = _OBSERVED[state_of(body)]
     return Answer(
         observation,
         via,
         status,
-        str(ext) if ext is not None else None,
+        external_request_id(body),
         body.get("result"),
         body.get("reversed") is True,
-        error=f"lookup: unknown status {state!r}"
+        error=f"lookup: unknown status {status_word(body)!r}"
         if observation is Observation.UNREADABLE
         else None,
     )

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,11 +29,15 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from tenacity.wait import wait_random_exponential
 
 from dispatcher.capabilities import Capability
+from dispatcher.provider.contract import (
+    ProviderState,
+    credential_headers,
+    external_request_id,
+    read_object,
+    state_of,
+)
 
 log = logging.getLogger(__name__)
-
-_SUCCEEDED = {"succeeded", "completed", "success", "ok"}
-_FAILED = {"failed", "failure", "error", "declined"}
 
 
 class OutcomeKind(StrEnum):
@@ -95,14 +98,6 @@ def _retry_after(response: httpx.Response) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         return None
-
-
-def _body(response: httpx.Response) -> dict[str, Any]:
-    try:
-        data = response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 class ProviderClient:
@@ -174,9 +169,7 @@ class ProviderClient:
             "traceparent": traceparent(request.trace_seed),
             "X-Tool-Call-Id": request.tool_call_id,
         }
-        secret = self._secrets.get(capability.id)
-        if secret:
-            headers["Authorization"] = f"Bearer {secret}"
+        headers.update(credential_headers(self._secrets, capability.id))
         http = await self._free.get()
         try:
             response = await http.request(
@@ -208,18 +201,17 @@ class ProviderClient:
         self, capability: Capability, response: httpx.Response, attempt: int
     ) -> ProviderOutcome:
         status = response.status_code
-        body = _body(response)
-        ext_id = body.get("externalRequestId") or body.get("id")
-        ext_id = str(ext_id) if ext_id is not None else None
+        body = read_object(response)
+        ext_id = external_request_id(body)
         if status == 429 or (status == 503 and _retry_after(response) is not None):
             raise _Throttled(f"provider answered {status}", _retry_after(response))
         if 200 <= status < 300:
-            state = str(body.get("status", "")).lower()
-            if status != 202 and state in _SUCCEEDED:
+            state = state_of(body)
+            if status != 202 and state is ProviderState.SUCCEEDED:
                 return ProviderOutcome(
                     OutcomeKind.COMPLETED, attempt, status, ext_id, body.get("result")
                 )
-            if status != 202 and state in _FAILED:
+            if status != 202 and state is ProviderState.FAILED:
                 return ProviderOutcome(
                     OutcomeKind.FAILED,
                     attempt,

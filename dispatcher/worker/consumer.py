@@ -27,6 +27,7 @@ from aiokafka.structs import OffsetAndMetadata
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.contract import pools as provider_pools
 from dispatcher.settings import Settings
 from dispatcher.topics import ensure_topics_when_reachable
 from dispatcher.worker.crashpoints import CrashPoints
@@ -36,7 +37,6 @@ from dispatcher.worker.redrive import redrive_stale
 
 log = logging.getLogger(__name__)
 
-CONNECTIONS_PER_POOL = 2
 """Measured against the sandbox: pools of 1 or 2 connections cost the least CPU per
 request; from 4 up the cost grows with the pool."""
 
@@ -58,27 +58,6 @@ def dispatch_command(record: ConsumerRecord[Any, Any]) -> tuple[str, str | None]
     if not isinstance(tool_call_id, str) or not tool_call_id:
         return None
     return tool_call_id, capability_id if isinstance(capability_id, str) else None
-
-
-def provider_pools(connections: int) -> list[httpx.AsyncClient]:
-    """``connections`` provider connections in pools of at most
-    :data:`CONNECTIONS_PER_POOL` (see :class:`ProviderClient` for why small)."""
-    sizes = [CONNECTIONS_PER_POOL] * (connections // CONNECTIONS_PER_POOL)
-    if connections % CONNECTIONS_PER_POOL:
-        sizes.append(connections % CONNECTIONS_PER_POOL)
-    return [
-        httpx.AsyncClient(
-            limits=httpx.Limits(
-                max_connections=size,
-                max_keepalive_connections=size,
-                # Shorter than a provider's idle timeout, so a pooled
-                # connection is not reused just as the server closes it.
-                keepalive_expiry=2.0,
-            ),
-            follow_redirects=False,
-        )
-        for size in sizes
-    ]
 
 
 def default_provider(settings: Settings, pools: list[httpx.AsyncClient]) -> ProviderClient:

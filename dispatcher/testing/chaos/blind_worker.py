@@ -22,8 +22,9 @@ from dispatcher.provider.client import (
     ProviderClient,
     ProviderOutcome,
 )
+from dispatcher.provider.contract import pools as provider_pools
 from dispatcher.settings import Settings, load_settings
-from dispatcher.worker.consumer import provider_pools, run_worker
+from dispatcher.worker.consumer import run_worker
 
 BLIND_RETRIES = 3
 
