@@ -17,8 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.cli.approvals import expire_all
 from dispatcher.control import approvals
+from dispatcher.control.actor import Actor
 from dispatcher.control.approvals import DecisionRequest
-from dispatcher.control.escalations import Actor
 from dispatcher.db.tables import tool_calls
 from dispatcher.errors import ApprovalStale, CapabilityUnavailable, Forbidden
 from dispatcher.settings import Settings

@@ -14,7 +14,7 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.control.escalations import Actor
+from dispatcher.control.actor import Actor
 from dispatcher.control.runs import stop_run
 from dispatcher.db.tables import runs, tool_calls
 from dispatcher.errors import RunStopped

@@ -25,8 +25,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control import approvals, escalations, runs
 from dispatcher.control import retry as control
+from dispatcher.control.actor import Actor
 from dispatcher.control.approvals import DecisionRequest
-from dispatcher.control.escalations import Actor
 from dispatcher.control.retry import RetryRequest
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC

@@ -3,62 +3,53 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import FastAPI, Query, Request, Response
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from fastapi import APIRouter, Query, Request, Response
 
-from dispatcher.api.auth import ApiKeyAuth
-from dispatcher.api.bodies import parse_body
-from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.api.bodies import json_response, model_response, parse_body
+from dispatcher.api.deps import Approver, AppSettings, Reader, Registry, Sessions
 from dispatcher.control import approvals
 from dispatcher.control.approvals import ApprovalStatus, DecisionRequest
-from dispatcher.settings import Settings
 
-JSON = "application/json"
-Sessions = Callable[[], async_sessionmaker[AsyncSession]]
+router = APIRouter()
 
 
-def add_approval_routes(
-    app: FastAPI,
-    auth: ApiKeyAuth,
+@router.get("/v1/approvals")
+async def list_approvals(
+    caller: Reader,
     sessions: Sessions,
-    settings: Settings,
-    registry: CapabilityRegistry,
-) -> None:
-    """Add ``/v1/approvals`` routes; ``sessions`` returns the app's session factory."""
+    status: Annotated[ApprovalStatus | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> Response:
+    async with sessions() as session:
+        found = await approvals.list_approvals(
+            session, tenant=caller.tenant, status=status, limit=limit
+        )
+    body = [a.model_dump(by_alias=True, mode="json") for a in found]
+    return json_response(json.dumps({"approvals": body}))
 
-    @app.get("/v1/approvals")
-    async def list_approvals(
-        request: Request,
-        status: Annotated[ApprovalStatus | None, Query()] = None,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    ) -> Response:
-        principal = auth.authenticate(request)
-        principal.require("read")
-        async with sessions()() as session:
-            found = await approvals.list_approvals(
-                session, tenant=principal.tenant, status=status, limit=limit
-            )
-        body = [a.model_dump(by_alias=True, mode="json") for a in found]
-        return Response(json.dumps({"approvals": body}), media_type=JSON)
 
-    @app.post("/v1/approvals/{approval_id}/decision")
-    async def decide(approval_id: str, request: Request) -> Response:
-        principal = auth.authenticate(request)
-        principal.require("approve")
-        body = parse_body(DecisionRequest, await request.body(), "decision")
-        async with sessions()() as session, session.begin():
-            view = await approvals.decide(
-                session,
-                approval_id,
-                body,
-                actor=principal.actor(),
-                scopes=principal.scopes,
-                tenant=principal.tenant,
-                registry=registry,
-                dispatch_topic=settings.dispatch_topic,
-                events_topic=settings.events_topic,
-            )
-        return Response(view.model_dump_json(by_alias=True), media_type=JSON)
+@router.post("/v1/approvals/{approval_id}/decision")
+async def decide(
+    approval_id: str,
+    request: Request,
+    caller: Approver,
+    sessions: Sessions,
+    settings: AppSettings,
+    registry: Registry,
+) -> Response:
+    body = parse_body(DecisionRequest, await request.body(), "decision")
+    async with sessions() as session, session.begin():
+        view = await approvals.decide(
+            session,
+            approval_id,
+            body,
+            actor=caller.actor(),
+            scopes=caller.scopes,
+            tenant=caller.tenant,
+            registry=registry,
+            dispatch_topic=settings.dispatch_topic,
+            events_topic=settings.events_topic,
+        )
+    return model_response(view)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from dispatcher.control.escalations import Actor
+from dispatcher.control.actor import Actor
 from dispatcher.errors import Forbidden, Unauthenticated
 from dispatcher.settings import ApiKey, Scope, hash_api_key
 

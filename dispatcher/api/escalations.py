@@ -4,71 +4,66 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import FastAPI, Query, Request, Response
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from fastapi import APIRouter, Query, Request, Response
 
-from dispatcher.api.auth import ApiKeyAuth
-from dispatcher.api.bodies import parse_body
+from dispatcher.api.bodies import json_response, model_response, parse_body
+from dispatcher.api.deps import AppSettings, Operator, Reader, Sessions
 from dispatcher.control import escalations
 from dispatcher.control.escalations import EscalationStatus, ResolveRequest
-from dispatcher.settings import Settings
 
-JSON = "application/json"
-Sessions = Callable[[], async_sessionmaker[AsyncSession]]
+router = APIRouter()
 
 
-def add_escalation_routes(
-    app: FastAPI, auth: ApiKeyAuth, sessions: Sessions, settings: Settings
-) -> None:
-    """Add ``/v1/escalations`` routes; ``sessions`` returns the app's session factory
-    (it exists only once the lifespan started)."""
+@router.get("/v1/escalations")
+async def list_escalations(
+    caller: Reader,
+    sessions: Sessions,
+    status: Annotated[EscalationStatus | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> Response:
+    async with sessions() as session:
+        found = await escalations.list_escalations(
+            session, tenant=caller.tenant, status=status, limit=limit
+        )
+    body = [e.model_dump(by_alias=True, mode="json") for e in found]
+    return json_response(json.dumps({"escalations": body}))
 
-    @app.get("/v1/escalations")
-    async def list_escalations(
-        request: Request,
-        status: Annotated[EscalationStatus | None, Query()] = None,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    ) -> Response:
-        principal = auth.authenticate(request)
-        principal.require("read")
-        async with sessions()() as session:
-            found = await escalations.list_escalations(
-                session, tenant=principal.tenant, status=status, limit=limit
-            )
-        body = [e.model_dump(by_alias=True, mode="json") for e in found]
-        return Response(json.dumps({"escalations": body}), media_type=JSON)
 
-    @app.post("/v1/escalations/{escalation_id}/acknowledge")
-    async def acknowledge(escalation_id: str, request: Request) -> Response:
-        principal = auth.authenticate(request)
-        principal.require("operate")
-        async with sessions()() as session, session.begin():
-            view = await escalations.acknowledge(
-                session,
-                escalation_id,
-                actor=principal.actor(),
-                tenant=principal.tenant,
-                events_topic=settings.events_topic,
-            )
-        return Response(view.model_dump_json(by_alias=True), media_type=JSON)
+@router.post("/v1/escalations/{escalation_id}/acknowledge")
+async def acknowledge(
+    escalation_id: str, caller: Operator, sessions: Sessions, settings: AppSettings
+) -> Response:
+    async with sessions() as session, session.begin():
+        view = await escalations.acknowledge(
+            session,
+            escalation_id,
+            actor=caller.actor(),
+            tenant=caller.tenant,
+            events_topic=settings.events_topic,
+        )
+    return model_response(view)
 
-    @app.post("/v1/escalations/{escalation_id}/resolve")
-    async def resolve(escalation_id: str, request: Request) -> Response:
-        principal = auth.authenticate(request)
-        principal.require("operate")
-        body = parse_body(ResolveRequest, await request.body(), "resolution")
-        async with sessions()() as session, session.begin():
-            view = await escalations.resolve(
-                session,
-                escalation_id,
-                finding=body.finding,
-                reason=body.reason,
-                actor=principal.actor(),
-                tenant=principal.tenant,
-                events_topic=settings.events_topic,
-                escalations_topic=settings.escalations_topic,
-            )
-        return Response(view.model_dump_json(by_alias=True), media_type=JSON)
+
+@router.post("/v1/escalations/{escalation_id}/resolve")
+async def resolve(
+    escalation_id: str,
+    request: Request,
+    caller: Operator,
+    sessions: Sessions,
+    settings: AppSettings,
+) -> Response:
+    body = parse_body(ResolveRequest, await request.body(), "resolution")
+    async with sessions() as session, session.begin():
+        view = await escalations.resolve(
+            session,
+            escalation_id,
+            finding=body.finding,
+            reason=body.reason,
+            actor=caller.actor(),
+            tenant=caller.tenant,
+            events_topic=settings.events_topic,
+            escalations_topic=settings.escalations_topic,
+        )
+    return model_response(view)

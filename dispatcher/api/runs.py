@@ -1,74 +1,63 @@
-"""Runs and control commands over HTTP: the run view (``read``), stop a run and retry
-a call (``operate``), tenant-scoped."""
+"""Runs over HTTP: the run view and its event log (``read``), and stopping a run
+(``operate``), tenant-scoped."""
 
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 
-from dispatcher.api.approvals import Sessions
-from dispatcher.api.auth import ApiKeyAuth
-from dispatcher.api.bodies import parse_body
-from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.control import retry as control
+from dispatcher.api.bodies import json_response, model_response, parse_body
+from dispatcher.api.deps import AppSettings, Operator, Reader, Registry, Sessions
 from dispatcher.control import runs
-from dispatcher.control.retry import RetryRequest
 from dispatcher.control.runs import StopRequest
-from dispatcher.settings import Settings
+from dispatcher.schemas import EventView
+from dispatcher.views.queries import run_event_rows
 from dispatcher.views.run_view import load_run_view
 
-JSON = "application/json"
+router = APIRouter()
 
 
-def add_run_routes(
-    app: FastAPI,
-    auth: ApiKeyAuth,
+@router.get("/v1/runs/{run_id}")
+async def run_view(run_id: str, caller: Reader, sessions: Sessions) -> Response:
+    async with sessions() as session:
+        view = await load_run_view(session, caller.tenant, run_id)
+    return model_response(view)
+
+
+@router.get("/v1/runs/{run_id}/events")
+async def run_events(
+    run_id: str,
+    caller: Reader,
     sessions: Sessions,
-    settings: Settings,
-    registry: CapabilityRegistry,
-) -> None:
-    """Add ``GET /v1/runs/{runId}``, ``POST /v1/runs/{runId}/stop`` and
-    ``POST /v1/tool-calls/{toolCallId}/retry``."""
+    after: Annotated[str | None, Query(description="return events after this eventId")] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> Response:
+    async with sessions() as session:
+        rows = await run_event_rows(session, caller.tenant, run_id, after=after, limit=limit)
+    events = [EventView.of(r).model_dump(by_alias=True, mode="json") for r in rows]
+    return json_response(json.dumps({"runId": run_id, "events": events}))
 
-    @app.get("/v1/runs/{run_id}")
-    async def run_view(run_id: str, request: Request) -> Response:
-        principal = auth.authenticate(request)
-        principal.require("read")
-        async with sessions()() as session:
-            view = await load_run_view(session, principal.tenant, run_id)
-        return Response(view.model_dump_json(by_alias=True), media_type=JSON)
 
-    @app.post("/v1/runs/{run_id}/stop")
-    async def stop(run_id: str, request: Request) -> Response:
-        principal = auth.authenticate(request)
-        principal.require("operate")
-        body = parse_body(StopRequest, await request.body(), "stop request")
-        async with sessions()() as session, session.begin():
-            outcome = await runs.stop_run(
-                session,
-                tenant=principal.tenant,
-                run_id=run_id,
-                actor=principal.actor(),
-                reason=body.reason,
-                registry=registry,
-                events_topic=settings.events_topic,
-            )
-        return Response(json.dumps(outcome.as_json()), media_type=JSON)
-
-    @app.post("/v1/tool-calls/{tool_call_id}/retry")
-    async def retry(tool_call_id: str, request: Request) -> Response:
-        principal = auth.authenticate(request)
-        principal.require("operate")
-        body = parse_body(RetryRequest, await request.body(), "retry request")
-        async with sessions()() as session, session.begin():
-            view = await control.retry_call(
-                session,
-                tool_call_id,
-                body,
-                tenant=principal.tenant,
-                actor=principal.actor(),
-                dispatch_topic=settings.dispatch_topic,
-                events_topic=settings.events_topic,
-            )
-        return Response(view.model_dump_json(by_alias=True), media_type=JSON)
+@router.post("/v1/runs/{run_id}/stop")
+async def stop(
+    run_id: str,
+    request: Request,
+    caller: Operator,
+    sessions: Sessions,
+    settings: AppSettings,
+    registry: Registry,
+) -> Response:
+    body = parse_body(StopRequest, await request.body(), "stop request")
+    async with sessions() as session, session.begin():
+        outcome = await runs.stop_run(
+            session,
+            tenant=caller.tenant,
+            run_id=run_id,
+            actor=caller.actor(),
+            reason=body.reason,
+            registry=registry,
+            events_topic=settings.events_topic,
+        )
+    return json_response(json.dumps(outcome.as_json()))

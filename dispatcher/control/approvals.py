@@ -38,7 +38,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.control.escalations import Actor
+from dispatcher.control.actor import Actor
 from dispatcher.control.runs import lock_run
 from dispatcher.db.tables import approvals, execution_events, outbox, tool_calls
 from dispatcher.errors import (

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -27,6 +26,7 @@ from pydantic.alias_generators import to_camel
 from sqlalchemy import case, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from dispatcher.control.actor import Actor
 from dispatcher.db.tables import escalations, execution_events, outbox, tool_calls
 from dispatcher.errors import EscalationAlreadyResolved, EscalationNotFound
 from dispatcher.ledger.events import (
@@ -65,22 +65,6 @@ class EscalationStatus(StrEnum):
     """Someone owns it."""
     RESOLVED = "resolved"
     """Settled by an operator's finding; final."""
-
-
-@dataclass(frozen=True, slots=True)
-class Actor:
-    """Who acted on an escalation: an API key (name and tenant) or a CLI user."""
-
-    name: str
-    tenant: str | None
-    via: str
-
-    @property
-    def label(self) -> str:
-        return f"{self.name}@{self.tenant or '*'} ({self.via})"
-
-    def as_payload(self) -> dict[str, Any]:
-        return {"name": self.name, "tenant": self.tenant, "via": self.via}
 
 
 class ResolveRequest(BaseModel):

@@ -17,8 +17,8 @@ from pydantic.alias_generators import to_camel
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from dispatcher.control.actor import Actor
 from dispatcher.control.approvals import last_event_id
-from dispatcher.control.escalations import Actor
 from dispatcher.control.runs import lock_run
 from dispatcher.db.tables import outbox, tool_calls
 from dispatcher.errors import RetryNotAllowed, RunStopped, ToolCallNotFound

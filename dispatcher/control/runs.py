@@ -31,8 +31,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.control.actor import Actor
 from dispatcher.control.compensation import request_compensation
-from dispatcher.control.escalations import Actor
 from dispatcher.db.tables import approvals, runs, tool_calls
 from dispatcher.errors import CapabilityNotFound
 from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC, EventType, record_events, run_event_row

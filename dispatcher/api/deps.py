@@ -1,0 +1,62 @@
+"""What routes depend on: the caller, checked for a scope, and the app's parts.
+
+Every route names the scope it needs in its signature (``Annotated[Principal,
+Depends(require("read"))]``), so authentication happens before a body is read and the
+scope of each route is visible where the route is declared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dispatcher.api.auth import ApiKeyAuth, Principal
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.intake.batcher import IntakeBatcher
+from dispatcher.settings import Scope, Settings
+
+
+def require(scope: Scope) -> Callable[[Request], Principal]:
+    """A dependency: the caller's API key, which must carry ``scope``."""
+
+    def principal(request: Request) -> Principal:
+        auth: ApiKeyAuth = request.app.state.auth
+        caller = auth.authenticate(request)
+        caller.require(scope)
+        return caller
+
+    return principal
+
+
+def _sessions(request: Request) -> async_sessionmaker[AsyncSession]:
+    # Set by the lifespan: the factory exists only once the app has started.
+    sessions: async_sessionmaker[AsyncSession] = request.app.state.sessions
+    return sessions
+
+
+def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def _registry(request: Request) -> CapabilityRegistry:
+    registry: CapabilityRegistry = request.app.state.registry
+    return registry
+
+
+def _batcher(request: Request) -> IntakeBatcher:
+    batcher: IntakeBatcher = request.app.state.batcher
+    return batcher
+
+
+Submitter = Annotated[Principal, Depends(require("submit"))]
+Reader = Annotated[Principal, Depends(require("read"))]
+Approver = Annotated[Principal, Depends(require("approve"))]
+Operator = Annotated[Principal, Depends(require("operate"))]
+Sessions = Annotated[async_sessionmaker[AsyncSession], Depends(_sessions)]
+AppSettings = Annotated[Settings, Depends(_settings)]
+Registry = Annotated[CapabilityRegistry, Depends(_registry)]
+Batcher = Annotated[IntakeBatcher, Depends(_batcher)]

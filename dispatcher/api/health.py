@@ -1,0 +1,35 @@
+"""Probes and metrics: ``/healthz`` (the process answers), ``/readyz`` (the database
+answers too) and ``/metrics`` (Prometheus). No authentication: orchestrators and
+scrapers call them."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from dispatcher.errors import ServiceUnavailable
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> dict[str, str]:
+    engine: AsyncEngine = request.app.state.engine
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+    except Exception as exc:  # any failure means "not ready"
+        raise ServiceUnavailable("the database is not reachable") from exc
+    return {"status": "ready"}
+
+
+@router.get("/metrics")
+async def metrics() -> Response:
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,89 @@
+"""Tool calls over HTTP: submit (``submit``), read with an optional long-poll
+(``read``), and an operator's retry (``operate``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+
+from dispatcher.api.bodies import json_response, model_response, parse_body
+from dispatcher.api.deps import AppSettings, Batcher, Operator, Reader, Sessions, Submitter
+from dispatcher.control import retry as control
+from dispatcher.control.retry import RetryRequest
+from dispatcher.errors import ToolCallNotFound
+from dispatcher.intake.service import SubmitRequest
+from dispatcher.metrics import INTAKE_SUBMISSIONS
+from dispatcher.schemas import ToolCallView
+from dispatcher.states import SETTLED_STATES
+from dispatcher.views.queries import tool_call_row
+
+# A long-poll holds a request, not a connection to the database; the cap keeps it
+# below the idle timeouts of common proxies.
+MAX_WAIT_SECONDS = 20.0
+
+router = APIRouter()
+
+
+@router.post("/v1/tool-calls", status_code=201)
+async def submit_tool_call(request: Request, caller: Submitter, batcher: Batcher) -> Response:
+    body = parse_body(SubmitRequest, await request.body(), "tool call")
+    submission = await batcher.submit(body, caller.tenant, caller.identity)
+    INTAKE_SUBMISSIONS.labels("created" if submission.created else "replayed").inc()
+    view: ToolCallView = submission.view
+    return json_response(
+        view.model_dump_json(by_alias=True),
+        status=201 if submission.created else 200,
+        headers={"Location": f"/v1/tool-calls/{view.tool_call_id}"},
+    )
+
+
+@router.get("/v1/tool-calls/{tool_call_id}")
+async def get_tool_call(
+    tool_call_id: str,
+    caller: Reader,
+    sessions: Sessions,
+    wait_seconds: Annotated[
+        float,
+        Query(
+            alias="waitSeconds",
+            ge=0,
+            le=MAX_WAIT_SECONDS,
+            description="hold the answer until the call is settled, at most this long",
+        ),
+    ] = 0,
+) -> Response:
+    deadline = time.monotonic() + wait_seconds
+    pause = 0.02
+    while True:
+        async with sessions() as session:
+            row = await tool_call_row(session, caller.tenant, tool_call_id)
+        if row is None:
+            raise ToolCallNotFound(tool_call_id)
+        left = deadline - time.monotonic()
+        if row["status"] in SETTLED_STATES or left <= 0:
+            return model_response(ToolCallView.of(row))
+        # A cheap indexed read per pause, with no connection held while waiting;
+        # the pause grows so a long wait costs a few dozen reads, not thousands.
+        await asyncio.sleep(min(pause, left))
+        pause = min(pause * 2, 0.5)
+
+
+@router.post("/v1/tool-calls/{tool_call_id}/retry")
+async def retry(
+    tool_call_id: str, request: Request, caller: Operator, sessions: Sessions, settings: AppSettings
+) -> Response:
+    body = parse_body(RetryRequest, await request.body(), "retry request")
+    async with sessions() as session, session.begin():
+        view = await control.retry_call(
+            session,
+            tool_call_id,
+            body,
+            tenant=caller.tenant,
+            actor=caller.actor(),
+            dispatch_topic=settings.dispatch_topic,
+            events_topic=settings.events_topic,
+        )
+    return model_response(view)
