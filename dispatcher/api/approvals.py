@@ -58,7 +58,6 @@ def add_approval_routes(
                 scopes=principal.scopes,
                 tenant=principal.tenant,
                 registry=registry,
-                dispatch_topic=settings.dispatch_topic,
-                events_topic=settings.events_topic,
+                topics=settings.topics(),
             )
         return Response(view.model_dump_json(by_alias=True), media_type=JSON)

@@ -51,7 +51,7 @@ def add_escalation_routes(
                 escalation_id,
                 actor=principal.actor(),
                 tenant=principal.tenant,
-                events_topic=settings.events_topic,
+                topics=settings.topics(),
             )
         return Response(view.model_dump_json(by_alias=True), media_type=JSON)
 
@@ -68,7 +68,6 @@ def add_escalation_routes(
                 reason=body.reason,
                 actor=principal.actor(),
                 tenant=principal.tenant,
-                events_topic=settings.events_topic,
-                escalations_topic=settings.escalations_topic,
+                topics=settings.topics(),
             )
         return Response(view.model_dump_json(by_alias=True), media_type=JSON)

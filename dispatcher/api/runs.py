@@ -52,7 +52,7 @@ def add_run_routes(
                 actor=principal.actor(),
                 reason=body.reason,
                 registry=registry,
-                events_topic=settings.events_topic,
+                topics=settings.topics(),
             )
         return Response(json.dumps(outcome.as_json()), media_type=JSON)
 
@@ -68,7 +68,6 @@ def add_run_routes(
                 body,
                 tenant=principal.tenant,
                 actor=principal.actor(),
-                dispatch_topic=settings.dispatch_topic,
-                events_topic=settings.events_topic,
+                topics=settings.topics(),
             )
         return Response(view.model_dump_json(by_alias=True), media_type=JSON)
