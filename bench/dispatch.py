@@ -33,6 +33,7 @@ from dispatcher.capabilities import load_registry  # noqa: E402
 from dispatcher.db import migrate  # noqa: E402
 from dispatcher.db.engine import engine_for, session_factory  # noqa: E402
 from dispatcher.intake.service import SubmitRequest, submit_many  # noqa: E402
+from dispatcher.settings import Topics  # noqa: E402
 from dispatcher.testing.embedded import Tansu, free_port  # noqa: E402
 from tests.services import with_database  # noqa: E402
 from tests.stack_support import capabilities_toml  # noqa: E402
@@ -56,7 +57,7 @@ async def prefill(url: str, caps: Path, n: int, topic: str, tag: str) -> None:
             for i in range(start, min(n, start + 500))
         ]
         async with sessions() as session, session.begin():
-            await submit_many(session, items, registry=registry, dispatch_topic=topic)
+            await submit_many(session, items, registry=registry, topics=Topics(dispatch=topic))
     await engine.dispose()
 
 

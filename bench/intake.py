@@ -127,7 +127,7 @@ def _headers(message_id: str, ce_type: str, now: str) -> dict[str, str]:
     return {
         "ce_id": message_id,
         "ce_type": ce_type,
-        "ce_source": "/tool-dispatcher/intake",
+        "ce_source": f"/tool-dispatcher/{PRODUCER}",
         "ce_specversion": "1.0",
         "ce_time": now,
     }
@@ -153,7 +153,7 @@ def pgbench_script(input_json: str, fp: str) -> str:
     def headers(message_id: str, ce_type: str) -> str:
         return (
             f"jsonb_build_object('ce_id', {message_id}, 'ce_type', '{ce_type}', "
-            "'ce_source', '/tool-dispatcher/intake', 'ce_specversion', '1.0', "
+            f"'ce_source', '/tool-dispatcher/{PRODUCER}', 'ce_specversion', '1.0', "
             "'ce_time', now()::text)"
         )
 

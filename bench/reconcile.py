@@ -37,6 +37,7 @@ from dispatcher.capabilities import Capability, CapabilityRegistry  # noqa: E402
 from dispatcher.db import migrate  # noqa: E402
 from dispatcher.db.engine import engine_for, session_factory  # noqa: E402
 from dispatcher.db.tables import tool_calls  # noqa: E402
+from dispatcher.settings import Topics  # noqa: E402
 from dispatcher.testing.embedded import free_port  # noqa: E402
 from reconciler import Reconciler  # noqa: E402
 
@@ -146,8 +147,7 @@ async def run(args: argparse.Namespace, url: str) -> None:
                 sessions,
                 CapabilityRegistry({"refund": _capability(base)}),
                 http,
-                events_topic="bench.events",
-                escalations_topic="bench.escalations",
+                topics=Topics(events="bench.events", escalations="bench.escalations"),
                 batch_size=args.batch_size,
                 concurrency=args.concurrency,
                 batches_in_flight=args.batches_in_flight,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +30,19 @@ class ApiKey(BaseModel):
 
 def hash_api_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """The Kafka topics tool-dispatcher writes (:meth:`Settings.topics`): dispatch
+    commands, execution events and escalation messages."""
+
+    dispatch: str = "tool-dispatcher.commands"
+    events: str = "tool-dispatcher.events"
+    escalations: str = "tool-dispatcher.escalations"
+
+
+DEFAULT_TOPICS = Topics()
 
 
 class Settings(BaseSettings):
@@ -94,9 +108,13 @@ class Settings(BaseSettings):
 
     approval_sweep_interval_seconds: float = Field(default=30.0, gt=0)
 
-    dispatch_topic: str = "tool-dispatcher.commands"
-    events_topic: str = "tool-dispatcher.events"
-    escalations_topic: str = "tool-dispatcher.escalations"
+    dispatch_topic: str = DEFAULT_TOPICS.dispatch
+    events_topic: str = DEFAULT_TOPICS.events
+    escalations_topic: str = DEFAULT_TOPICS.escalations
+
+    def topics(self) -> Topics:
+        """The topics as one value, for the writers and readers they are passed to."""
+        return Topics(self.dispatch_topic, self.events_topic, self.escalations_topic)
 
     def provider_credentials(self) -> dict[str, str]:
         """Credentials by capability id: files in ``provider_secrets_dir`` first, then

@@ -29,7 +29,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import Capability, CapabilityRegistry
 from dispatcher.errors import CapabilityNotFound, TransitionConflict
 from dispatcher.ledger.events import EventType
+from dispatcher.ledger.messages import Producer
+from dispatcher.ledger.transitions import Fence
 from dispatcher.provider.client import ProviderClient
+from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.worker.executor import Executor
 from reconciler import metrics
@@ -50,7 +53,7 @@ from reconciler.policy import (
     decide,
     retry_or_escalate,
 )
-from reconciler.settle import PRODUCER, Finding, Retry, Writer
+from reconciler.settle import Finding, Retry, Writer
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +116,7 @@ class Reconciler:
         registry: CapabilityRegistry,
         http: httpx.AsyncClient,
         *,
-        events_topic: str,
-        escalations_topic: str,
+        topics: Topics,
         owner: str | None = None,
         batch_size: int = 200,
         concurrency: int = 64,
@@ -132,10 +134,10 @@ class Reconciler:
             registry,
             ProviderClient(http, secrets),
             worker_id=self.owner,
-            events_topic=events_topic,
-            producer=PRODUCER,
+            topics=topics,
+            producer=Producer.RECONCILER,
         )
-        self._writer = Writer(self.owner, events_topic, escalations_topic)
+        self._writer = Writer(self.owner, topics)
         self._batch_size = batch_size
         self._lease_seconds = lease_seconds
         self._batches_in_flight = batches_in_flight
@@ -369,8 +371,7 @@ class Reconciler:
                     dispatch_attempts=call.dispatch_attempts,
                     event_type=EventType.TOOL_CALL_REDISPATCHED,
                     payload={**evidence, "redispatch": call.redispatches + 1},
-                    lease_owner=self.owner,
-                    version=call.version,
+                    fence=Fence(self.owner, call.version),
                     settles=True,
                 )
         except TransitionConflict:

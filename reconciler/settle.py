@@ -19,12 +19,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from dispatcher.control.escalations import EscalationView, escalate
 from dispatcher.db.tables import tool_calls
 from dispatcher.ledger.events import CallContext, EventType, event_row, record_events
-from dispatcher.ledger.transitions import BulkMove, move, move_many
+from dispatcher.ledger.messages import Producer
+from dispatcher.ledger.transitions import BulkMove, Fence, move, move_many
+from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
 from reconciler.due import FOLLOWED_UP, DueCall
-
-PRODUCER = "tool-dispatcher.reconciler"
 
 _RELEASED: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
 
@@ -55,9 +55,8 @@ class Writer:
     """Writes settlements for one reconciler identity (its claims' lease owner)."""
 
     owner: str
-    events_topic: str
-    escalations_topic: str
-    producer: str = PRODUCER
+    topics: Topics
+    producer: Producer = Producer.RECONCILER
 
     async def confirm(
         self, session: AsyncSession, findings: Sequence[Finding], *, succeeded: bool
@@ -89,7 +88,7 @@ class Writer:
             event_type=EventType.TOOL_CALL_CONFIRMED,
             producer=self.producer,
             lease_owner=self.owner,
-            events_topic=self.events_topic,
+            topics=self.topics,
             fields={
                 **_RELEASED,
                 "verification_status": verified.value,
@@ -99,7 +98,7 @@ class Writer:
                 "reconcile_attempts": tool_calls.c.reconcile_attempts + 1,
             },
         )
-        return [row.tool_call_id for row in moved]
+        return [m.row.tool_call_id for m in moved]
 
     async def retry(self, session: AsyncSession, retries: Sequence[Retry]) -> list[str]:
         """Schedule the next look (no status change) and log the attempt."""
@@ -147,7 +146,7 @@ class Writer:
                     },
                 )
             )
-        await record_events(session, events, topic=self.events_topic)
+        await record_events(session, events, topics=self.topics)
         return [e["tool_call_id"] for e in events]
 
     async def escalate(
@@ -162,10 +161,8 @@ class Writer:
             reason=reason,
             evidence=evidence,
             producer=self.producer,
-            lease_owner=self.owner,
-            version=call.version,
-            events_topic=self.events_topic,
-            escalations_topic=self.escalations_topic,
+            fence=Fence(self.owner, call.version),
+            topics=self.topics,
             fields={"reconcile_attempts": tool_calls.c.reconcile_attempts + 1},
         )
 
@@ -178,9 +175,8 @@ class Writer:
             target=S.COMPENSATED,
             event_type=EventType.TOOL_CALL_COMPENSATED,
             producer=self.producer,
-            events_topic=self.events_topic,
-            lease_owner=self.owner,
-            version=finding.call.version,
+            topics=self.topics,
+            fence=Fence(self.owner, finding.call.version),
             payload=finding.evidence,
             fields={
                 **_RELEASED,

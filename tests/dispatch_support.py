@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import Capability, CapabilityRegistry
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.intake.service import SubmitRequest, submit
+from dispatcher.settings import Topics
 
 
 def capability(
@@ -60,7 +61,7 @@ async def submit_call(
             ),
             tenant="acme",
             registry=registry,
-            **{f"{name}_topic": topic for name, topic in (topics or {}).items()},
+            topics=Topics(**(topics or {})),
         )
     return submission.view.tool_call_id
 

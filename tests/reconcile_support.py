@@ -13,10 +13,9 @@ from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import Capability, CapabilityRegistry
-from dispatcher.control.escalations import DEFAULT_ESCALATIONS_TOPIC
 from dispatcher.db.tables import escalations, execution_events, outbox, tool_calls
-from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
 from dispatcher.provider.client import ProviderClient
+from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.worker.executor import Executor
 from reconciler import Reconciler, Tally
 from tests.dispatch_support import add_fault, submit_call
@@ -71,8 +70,7 @@ def new_reconciler(
         sessions,
         registry,
         http,
-        events_topic=DEFAULT_EVENTS_TOPIC,
-        escalations_topic=DEFAULT_ESCALATIONS_TOPIC,
+        topics=DEFAULT_TOPICS,
         **options,
     )
 
@@ -92,7 +90,11 @@ async def unknown_call(
     await add_fault(sandbox_url, {**fault, "idempotencyKey": key, "method": "POST", "times": 1})
     call = await submit_call(sessions, registry, cap_id, call_input or {"n": 1}, key=key)
     executor = Executor(
-        sessions, registry, ProviderClient(http), worker_id="worker-a", events_topic="events"
+        sessions,
+        registry,
+        ProviderClient(http),
+        worker_id="worker-a",
+        topics=Topics(events="events"),
     )
     status = await executor.execute(call)
     assert status is not None and status.value == "result_unknown", status
@@ -157,7 +159,7 @@ async def escalation_rows(sessions: async_sessionmaker[AsyncSession]) -> list[di
 async def escalation_messages(sessions: async_sessionmaker[AsyncSession]) -> list[dict[str, Any]]:
     async with sessions() as session:
         rows = await session.execute(
-            select(outbox).where(outbox.c.topic == DEFAULT_ESCALATIONS_TOPIC).order_by(outbox.c.id)
+            select(outbox).where(outbox.c.topic == DEFAULT_TOPICS.escalations).order_by(outbox.c.id)
         )
         return [dict(r._mapping) for r in rows]
 

@@ -21,7 +21,7 @@ from dispatcher.control.actor import Actor
 from dispatcher.control.approvals import DecisionRequest
 from dispatcher.db.tables import tool_calls
 from dispatcher.errors import ApprovalStale, CapabilityUnavailable, Forbidden
-from dispatcher.settings import Settings
+from dispatcher.settings import DEFAULT_TOPICS, Settings
 from tests.api_support import bearer, running_api
 from tests.control_support import (
     ALICE,
@@ -325,7 +325,7 @@ async def test_expired_approval_is_refused_then_swept(
     assert (await approval_of(sessions, keep))["status"] == "pending"
     again = await api.post(f"/v1/approvals/{apr}/decision", json=decision(), headers=bearer(BOB))
     assert_problem(again, 409, "approval_expired")
-    assert await expire_all(sessions, events_topic="tool-dispatcher.events") == []
+    assert await expire_all(sessions, topics=DEFAULT_TOPICS) == []
     pending = await api.get("/v1/approvals?status=pending", headers=bearer(BOB))
     assert [a["toolCallId"] for a in pending.json()["approvals"]] == [keep]
 

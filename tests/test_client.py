@@ -25,9 +25,8 @@ from dispatcher.errors import (
     ValidationFailed,
 )
 from dispatcher.intake.service import SubmitRequest
-from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
 from dispatcher.provider.client import ProviderClient
-from dispatcher.settings import Settings
+from dispatcher.settings import DEFAULT_TOPICS, Settings
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from tests.api_support import bearer, running_api
@@ -73,7 +72,7 @@ async def executor(
             registry,
             ProviderClient(http),
             worker_id="worker-a",
-            events_topic=DEFAULT_EVENTS_TOPIC,
+            topics=DEFAULT_TOPICS,
         )
 
 

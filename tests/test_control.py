@@ -20,7 +20,7 @@ from dispatcher.db.tables import runs, tool_calls
 from dispatcher.errors import RunStopped
 from dispatcher.intake.service import SubmitRequest, submit
 from dispatcher.provider.client import ProviderClient
-from dispatcher.settings import Settings
+from dispatcher.settings import DEFAULT_TOPICS, Settings
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
@@ -341,7 +341,7 @@ async def dispatch_slowly(
         registry,
         ProviderClient(http),
         worker_id="w",
-        events_topic="tool-dispatcher.events",
+        topics=DEFAULT_TOPICS,
     )
     running = asyncio.create_task(executor.execute(call))
 

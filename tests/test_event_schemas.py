@@ -29,10 +29,10 @@ from dispatcher.control.actor import Actor
 from dispatcher.control.approvals import DecisionRequest
 from dispatcher.control.retry import RetryRequest
 from dispatcher.db.tables import execution_events, outbox, tool_calls
-from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC
-from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC, EventType, envelope
+from dispatcher.ledger.events import EventType, envelope
 from dispatcher.provider.client import ProviderClient
 from dispatcher.schemas import EventView
+from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.views.run_view import fold_run
@@ -105,7 +105,7 @@ async def scenario(
     sessions: Sessions, registry: CapabilityRegistry, http: httpx.AsyncClient, sandbox_url: str
 ) -> None:
     executor = Executor(
-        sessions, registry, ProviderClient(http), worker_id="w", events_topic=DEFAULT_EVENTS_TOPIC
+        sessions, registry, ProviderClient(http), worker_id="w", topics=DEFAULT_TOPICS
     )
 
     async def decide(call: str, verdict: str) -> None:
@@ -147,9 +147,7 @@ async def scenario(
     se = await submit_call(sessions, registry, "send", {"n": 6}, run_id="run-c")
     assert await executor.claim(ro) is not None and await executor.claim(se) is not None
     await expire_leases(sessions)
-    await recover_expired(
-        sessions, registry, dispatch_topic=DEFAULT_DISPATCH_TOPIC, events_topic=DEFAULT_EVENTS_TOPIC
-    )
+    await recover_expired(sessions, registry, topics=DEFAULT_TOPICS)
     assert await executor.execute(ro) is S.COMPLETED
 
     # Redrive: an authorized call whose published command the broker then lost.
@@ -164,9 +162,7 @@ async def scenario(
         await session.execute(
             tool_calls.update().where(tool_calls.c.tool_call_id == lost).values(updated_at=long_ago)
         )
-    assert await redrive_stale(
-        sessions, dispatch_topic=DEFAULT_DISPATCH_TOPIC, older_than_seconds=60
-    ) == [lost]
+    assert await redrive_stale(sessions, topics=DEFAULT_TOPICS, older_than_seconds=60) == [lost]
     assert await executor.execute(lost) is S.COMPLETED
 
     # Reconciler: confirmation, escalation (cannot be looked up), compensation of a
@@ -232,7 +228,7 @@ async def test_every_event_written_matches_its_schema_and_folds_to_the_state(
             for r in await session.execute(
                 # tests.reconcile_support.unknown_call's executor publishes on "events".
                 select(outbox)
-                .where(outbox.c.topic.in_([DEFAULT_EVENTS_TOPIC, "events"]))
+                .where(outbox.c.topic.in_([DEFAULT_TOPICS.events, "events"]))
                 .order_by(outbox.c.id)
             )
         ]

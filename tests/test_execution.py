@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
 from dispatcher.provider.client import ProviderClient
+from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.embedded import free_port
 from dispatcher.testing.sandbox import SandboxServer
@@ -62,7 +62,7 @@ def make_executor(
             registry,
             ProviderClient(http, secrets),
             worker_id=worker_id,
-            events_topic=DEFAULT_EVENTS_TOPIC,
+            topics=DEFAULT_TOPICS,
         )
 
     return make
@@ -93,7 +93,9 @@ async def test_final_success_is_accepted_then_completed(
         "tool.call.accepted",
         "tool.call.completed",
     ]
-    published = [r["headers"]["ce_type"] for r in await outbox_rows(sessions, DEFAULT_EVENTS_TOPIC)]
+    published = [
+        r["headers"]["ce_type"] for r in await outbox_rows(sessions, DEFAULT_TOPICS.events)
+    ]
     assert published[-3:] == ["tool.call.dispatching", "tool.call.accepted", "tool.call.completed"]
     assert (await books(sandbox.url))["effects"] == {"refund:o-1": 1}
 

@@ -14,9 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.tables import execution_events, outbox, tool_calls
-from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC
-from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
 from dispatcher.provider.client import OutcomeKind, ProviderClient, ProviderOutcome
+from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
@@ -58,7 +57,7 @@ def executor_of(
         registry,
         ProviderClient([http, http], max_in_flight=4),
         worker_id=worker,
-        events_topic=DEFAULT_EVENTS_TOPIC,
+        topics=DEFAULT_TOPICS,
     )
 
 
@@ -129,9 +128,7 @@ async def test_a_taken_over_call_is_not_recorded_and_the_rest_of_its_batch_is(
             .where(tool_calls.c.tool_call_id == lost)
             .values(lease_expires_at=text("now() - interval '1 second'"))
         )
-    report = await recover_expired(
-        sessions, registry, dispatch_topic=DEFAULT_DISPATCH_TOPIC, events_topic=DEFAULT_EVENTS_TOPIC
-    )
+    report = await recover_expired(sessions, registry, topics=DEFAULT_TOPICS)
     assert report.marked_unknown == [lost]
     taken_over = await event_types(sessions, lost)
 
@@ -198,7 +195,7 @@ async def test_every_outcome_class_is_recorded_in_one_batch(
     async with sessions() as session:
         events = await session.scalar(select(func.count()).select_from(execution_events))
         messages = await session.scalar(
-            select(func.count()).select_from(outbox).where(outbox.c.topic == DEFAULT_EVENTS_TOPIC)
+            select(func.count()).select_from(outbox).where(outbox.c.topic == DEFAULT_TOPICS.events)
         )
     assert events == messages  # every event has its outbox row
 

@@ -22,12 +22,12 @@ from dispatcher.errors import (
     ValidationFailed,
 )
 from dispatcher.intake.service import (
-    DEFAULT_DISPATCH_TOPIC,
     Submission,
     SubmitRequest,
     submit,
     submit_many,
 )
+from dispatcher.settings import DEFAULT_TOPICS
 
 pytestmark = pytest.mark.postgres
 
@@ -84,14 +84,14 @@ async def _counts(engine: AsyncEngine) -> dict[str, int]:
         "execution_events": select(func.count()).select_from(execution_events),
         "commands": select(func.count())
         .select_from(outbox)
-        .where(outbox.c.topic == DEFAULT_DISPATCH_TOPIC),
+        .where(outbox.c.topic == DEFAULT_TOPICS.dispatch),
     }
     async with engine.connect() as conn:
         return {name: (await conn.execute(q)).scalar_one() for name, q in queries.items()}
 
 
 async def _commands(engine: AsyncEngine) -> list[dict[str, Any]]:
-    return await _rows(engine, outbox, topic=DEFAULT_DISPATCH_TOPIC)
+    return await _rows(engine, outbox, topic=DEFAULT_TOPICS.dispatch)
 
 
 async def _assert_nothing_recorded(engine: AsyncEngine) -> None:

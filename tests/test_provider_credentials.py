@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
 from dispatcher.provider.client import ProviderClient
+from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.worker.executor import Executor
 from tests.dispatch_support import capability, registry_of, submit_call
@@ -83,7 +83,7 @@ async def test_secret_is_sent_but_never_stored_or_logged(
             registry,
             ProviderClient(http, {"refund": SECRET}),
             worker_id="w",
-            events_topic=DEFAULT_EVENTS_TOPIC,
+            topics=DEFAULT_TOPICS,
         )
         assert await executor.execute(call) is S.COMPLETED
 

@@ -15,9 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control.compensation import request_compensation
 from dispatcher.db.tables import tool_calls
-from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC
-from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
 from dispatcher.provider.client import ProviderClient
+from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired
@@ -126,13 +125,11 @@ async def test_a_call_marked_unknown_before_it_was_sent_is_sent_once(
 ) -> None:
     call = await submit_call(sessions, registry, "refund", {"n": 7}, key="k-died")
     executor = Executor(
-        sessions, registry, ProviderClient(http), worker_id="w-dead", events_topic="events"
+        sessions, registry, ProviderClient(http), worker_id="w-dead", topics=Topics(events="events")
     )
     assert await executor.claim(call) is not None  # the worker dies before sending
     await expire_leases(sessions)
-    report = await recover_expired(
-        sessions, registry, dispatch_topic=DEFAULT_DISPATCH_TOPIC, events_topic="events"
-    )
+    report = await recover_expired(sessions, registry, topics=Topics(events="events"))
     assert report.marked_unknown == [call]
 
     await until_settled(new_reconciler(sessions, registry, http))
@@ -229,7 +226,7 @@ async def test_accepted_pending_call_is_confirmed_once_the_provider_finishes(
         sessions, registry, "refund", {"simulate": "pending", "pendingLookups": 2}, key="k-pend"
     )
     executor = Executor(
-        sessions, registry, ProviderClient(http), worker_id="w", events_topic="events"
+        sessions, registry, ProviderClient(http), worker_id="w", topics=Topics(events="events")
     )
     assert (await executor.execute(call)).value == "accepted"  # type: ignore[union-attr]
     await make_due(sessions)
@@ -482,7 +479,7 @@ async def test_the_events_of_a_settlement_are_published_through_the_outbox(
 
     published = [
         r["payload"]
-        for r in await outbox_rows(sessions, DEFAULT_EVENTS_TOPIC)
+        for r in await outbox_rows(sessions, DEFAULT_TOPICS.events)
         if r["payload"]["toolCallId"] == call
     ]
     assert published[-1]["eventType"] == "tool.call.confirmed"

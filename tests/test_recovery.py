@@ -13,9 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.tables import tool_calls
-from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC
-from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
 from dispatcher.provider.client import OutcomeKind, ProviderClient, ProviderOutcome
+from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
@@ -51,7 +50,7 @@ async def executor(
             registry,
             ProviderClient(http),
             worker_id="worker-a",
-            events_topic=DEFAULT_EVENTS_TOPIC,
+            topics=DEFAULT_TOPICS,
         )
 
 
@@ -67,9 +66,7 @@ async def expire_leases(sessions: async_sessionmaker[AsyncSession]) -> None:
 async def sweep(
     sessions: async_sessionmaker[AsyncSession], registry: CapabilityRegistry
 ) -> tuple[list[str], list[str]]:
-    report = await recover_expired(
-        sessions, registry, dispatch_topic=DEFAULT_DISPATCH_TOPIC, events_topic=DEFAULT_EVENTS_TOPIC
-    )
+    report = await recover_expired(sessions, registry, topics=DEFAULT_TOPICS)
     return report.redispatched, report.marked_unknown
 
 
@@ -109,7 +106,7 @@ async def test_read_only_call_of_a_dead_worker_is_dispatched_again(
     assert await sweep(sessions, registry) == ([call], [])
 
     assert (await call_row(sessions, call))["status"] == "authorized"
-    commands = [r for r in await outbox_rows(sessions, DEFAULT_DISPATCH_TOPIC) if r["key"] == call]
+    commands = [r for r in await outbox_rows(sessions, DEFAULT_TOPICS.dispatch) if r["key"] == call]
     assert len(commands) == 2  # the original and the re-dispatch
     assert await executor.execute(call) is S.COMPLETED
 

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry, load_registry
 from dispatcher.db.tables import execution_events, outbox, tool_calls
-from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC
+from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.redrive import redrive_stale
 from tests.dispatch_support import books, call_row, capability, registry_of, submit_call
@@ -21,7 +21,7 @@ from tests.stack_support import ProcessStack, eventually
 
 pytestmark = pytest.mark.postgres
 
-TOPIC = DEFAULT_DISPATCH_TOPIC
+TOPIC = DEFAULT_TOPICS.dispatch
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ async def redrive_facts(
 async def redrive(sessions: async_sessionmaker[AsyncSession], **kw: object) -> list[str]:
     return await redrive_stale(
         sessions,
-        dispatch_topic=TOPIC,
+        topics=DEFAULT_TOPICS,
         older_than_seconds=60,
         **kw,  # type: ignore[arg-type]
     )

@@ -15,7 +15,7 @@ from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.errors import IllegalTransition, TransitionConflict
 from dispatcher.intake.service import SubmitRequest, submit
 from dispatcher.ledger.events import EventType
-from dispatcher.ledger.transitions import move
+from dispatcher.ledger.transitions import Fence, move
 from dispatcher.states import ExecutionStatus
 
 pytestmark = pytest.mark.postgres
@@ -76,7 +76,7 @@ async def _dispatch(
     sessions: Sessions, tool_call_id: str, *, owner: str = "worker-1", **kwargs: Any
 ) -> Any:
     async with sessions() as session, session.begin():
-        return await move(
+        moved = await move(
             session,
             tool_call_id,
             expected=S.AUTHORIZED,
@@ -86,6 +86,7 @@ async def _dispatch(
             fields={"lease_owner": owner},
             **kwargs,
         )
+    return moved.row
 
 
 async def test_move_changes_status_and_records_one_event(sessions: Sessions, call_id: str) -> None:
@@ -196,7 +197,7 @@ async def test_move_of_an_unknown_call_conflicts(sessions: Sessions) -> None:
 
 async def _complete(sessions: Sessions, tool_call_id: str, **fence: Any) -> Any:
     async with sessions() as session, session.begin():
-        return await move(
+        moved = await move(
             session,
             tool_call_id,
             expected=S.DISPATCHING,
@@ -204,8 +205,9 @@ async def _complete(sessions: Sessions, tool_call_id: str, **fence: Any) -> Any:
             event_type=EventType.TOOL_CALL_COMPLETED,
             producer="test.worker",
             fields={"lease_owner": None},
-            **fence,
+            fence=Fence(**fence),
         )
+    return moved.row
 
 
 async def test_lease_owner_fences_out_a_worker_whose_claim_was_taken(
@@ -215,10 +217,10 @@ async def test_lease_owner_fences_out_a_worker_whose_claim_was_taken(
     before = await _snapshot(sessions)
 
     with pytest.raises(TransitionConflict):
-        await _complete(sessions, call_id, lease_owner="worker-2")
+        await _complete(sessions, call_id, owner="worker-2")
     assert await _snapshot(sessions) == before
 
-    row = await _complete(sessions, call_id, lease_owner="worker-1")
+    row = await _complete(sessions, call_id, owner="worker-1")
     assert row.status == "completed"
     assert row.lease_owner is None
 
@@ -281,7 +283,7 @@ async def test_a_mover_blocked_on_the_row_lock_loses_when_the_holder_commits(
 
     winner, loser = results
     assert not isinstance(winner, BaseException)
-    assert winner.lease_owner == "worker-1"
+    assert winner.row.lease_owner == "worker-1"
     assert isinstance(loser, TransitionConflict)
     row = await _row(sessions, call_id)
     assert (row["status"], row["lease_owner"], row["version"]) == ("dispatching", "worker-1", 2)

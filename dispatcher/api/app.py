@@ -31,8 +31,7 @@ def create_app(
         batcher = IntakeBatcher(
             sessions,
             registry,
-            dispatch_topic=settings.dispatch_topic,
-            events_topic=settings.events_topic,
+            topics=settings.topics(),
             max_batch=settings.intake_batch_max,
         )
         batcher.start()

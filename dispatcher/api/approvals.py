@@ -49,7 +49,6 @@ async def decide(
             scopes=caller.scopes,
             tenant=caller.tenant,
             registry=registry,
-            dispatch_topic=settings.dispatch_topic,
-            events_topic=settings.events_topic,
+            topics=settings.topics(),
         )
     return model_response(view)

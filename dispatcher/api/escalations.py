@@ -41,7 +41,7 @@ async def acknowledge(
             escalation_id,
             actor=caller.actor(),
             tenant=caller.tenant,
-            events_topic=settings.events_topic,
+            topics=settings.topics(),
         )
     return model_response(view)
 
@@ -63,7 +63,6 @@ async def resolve(
             reason=body.reason,
             actor=caller.actor(),
             tenant=caller.tenant,
-            events_topic=settings.events_topic,
-            escalations_topic=settings.escalations_topic,
+            topics=settings.topics(),
         )
     return model_response(view)

@@ -58,6 +58,6 @@ async def stop(
             actor=caller.actor(),
             reason=body.reason,
             registry=registry,
-            events_topic=settings.events_topic,
+            topics=settings.topics(),
         )
     return json_response(json.dumps(outcome.as_json()))

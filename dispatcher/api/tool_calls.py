@@ -83,7 +83,6 @@ async def retry(
             body,
             tenant=caller.tenant,
             actor=caller.actor(),
-            dispatch_topic=settings.dispatch_topic,
-            events_topic=settings.events_topic,
+            topics=settings.topics(),
         )
     return model_response(view)

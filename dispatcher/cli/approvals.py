@@ -22,7 +22,7 @@ from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.cli.parsing import OneLineArgumentParser
 from dispatcher.control.approvals import expire_due
 from dispatcher.db.engine import create_engine, session_factory
-from dispatcher.settings import Settings
+from dispatcher.settings import Settings, Topics
 
 
 def register(subparsers: Any) -> None:
@@ -58,13 +58,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def expire_all(
-    sessions: async_sessionmaker[AsyncSession], *, events_topic: str, batch: int = 500
+    sessions: async_sessionmaker[AsyncSession], *, topics: Topics, batch: int = 500
 ) -> list[str]:
     """One sweep: every approval due now, a batch per transaction."""
     closed: list[str] = []
     while True:
         async with sessions() as session, session.begin():
-            done = await expire_due(session, limit=batch, events_topic=events_topic)
+            done = await expire_due(session, limit=batch, topics=topics)
         closed.extend(done)
         if len(done) < batch:
             return closed
@@ -75,9 +75,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     sessions = session_factory(engine)
     try:
         while True:
-            closed = await expire_all(
-                sessions, events_topic=settings.events_topic, batch=args.batch
-            )
+            closed = await expire_all(sessions, topics=settings.topics(), batch=args.batch)
             print(f"expired: {len(closed)}", flush=True)
             if args.once:
                 return 0
@@ -96,7 +94,7 @@ async def run_service(
     sessions = session_factory(engine)
     try:
         while not stop.is_set():
-            await expire_all(sessions, events_topic=settings.events_topic)
+            await expire_all(sessions, topics=settings.topics())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), settings.approval_sweep_interval_seconds)
     finally:

@@ -86,7 +86,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         async with sessions() as session, session.begin():
             if args.escalations_command == "ack":
                 view = await escalations.acknowledge(
-                    session, args.escalation_id, actor=actor, events_topic=settings.events_topic
+                    session, args.escalation_id, actor=actor, topics=settings.topics()
                 )
             else:
                 view = await escalations.resolve(
@@ -95,8 +95,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
                     finding=Finding(args.finding),
                     reason=args.reason,
                     actor=actor,
-                    events_topic=settings.events_topic,
-                    escalations_topic=settings.escalations_topic,
+                    topics=settings.topics(),
                 )
         print(_line(view))
         return 0

@@ -118,12 +118,7 @@ async def _recover_once(settings: Settings, registry: CapabilityRegistry) -> int
 
     engine = create_engine(settings)
     try:
-        report = await recover_expired(
-            session_factory(engine),
-            registry,
-            dispatch_topic=settings.dispatch_topic,
-            events_topic=settings.events_topic,
-        )
+        report = await recover_expired(session_factory(engine), registry, topics=settings.topics())
     finally:
         await engine.dispose()
     print(

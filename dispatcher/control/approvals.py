@@ -34,13 +34,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control.actor import Actor
 from dispatcher.control.runs import lock_run
-from dispatcher.db.tables import approvals, execution_events, outbox, tool_calls
+from dispatcher.db.tables import approvals, tool_calls
 from dispatcher.errors import (
     ApprovalAlreadyDecided,
     ApprovalExpired,
@@ -52,12 +52,12 @@ from dispatcher.errors import (
     RunStopped,
     SelfApprovalForbidden,
 )
-from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC, dispatch_command, fingerprint
-from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC, CallContext, EventType
+from dispatcher.intake.service import fingerprint
+from dispatcher.ledger.events import EventType
+from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
 from dispatcher.ledger.transitions import BulkMove, move, move_many
+from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus as S
-
-PRODUCER = "tool-dispatcher.approvals"
 
 
 class ApprovalStatus(StrEnum):
@@ -136,8 +136,7 @@ async def decide(
     scopes: Collection[str],
     tenant: str,
     registry: CapabilityRegistry,
-    dispatch_topic: str = DEFAULT_DISPATCH_TOPIC,
-    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+    topics: Topics = DEFAULT_TOPICS,
 ) -> ApprovalView:
     """Record ``request`` as the one decision of the approval, in the caller's
     transaction (see the module docstring for what is checked, and in which order).
@@ -187,8 +186,8 @@ async def decide(
         expected=S.PROPOSED,
         target=target,
         event_type=event,
-        producer=PRODUCER,
-        events_topic=events_topic,
+        producer=Producer.APPROVALS,
+        topics=topics,
         fields={} if approving else {"completed_at": func.now()},
         payload={
             "approvalId": approval_id,
@@ -215,16 +214,10 @@ async def decide(
         )
     ).one()
     if approving:
-        await session.execute(
-            insert(outbox).values(
-                dispatch_command(
-                    CallContext.of(moved._mapping),
-                    moved.idempotency_key,
-                    topic=dispatch_topic,
-                    causation_id=await last_event_id(session, current.tool_call_id),
-                )
-            )
+        command = DispatchCommand.build(
+            moved.row._mapping, producer=Producer.APPROVALS, causation_id=moved.event_id
         )
+        await enqueue(session, [command.to_outbox_row(topics)])
     return ApprovalView.of(row._mapping)
 
 
@@ -274,24 +267,11 @@ def _revalidate(
         raise SelfApprovalForbidden(current.approval_id, actor.name)
 
 
-async def last_event_id(session: AsyncSession, tool_call_id: str) -> str | None:
-    """The newest event of the call (visible to the caller's own transaction)."""
-    found: str | None = (
-        await session.execute(
-            select(execution_events.c.event_id)
-            .where(execution_events.c.tool_call_id == tool_call_id)
-            .order_by(execution_events.c.seq.desc())
-            .limit(1)
-        )
-    ).scalar_one_or_none()
-    return found
-
-
 async def expire_due(
     session: AsyncSession,
     *,
     limit: int = 500,
-    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+    topics: Topics = DEFAULT_TOPICS,
 ) -> list[str]:
     """Close up to ``limit`` pending approvals past their expiry, in the caller's
     transaction: each call ``proposed -> cancelled`` with ``approval.expired``.
@@ -324,10 +304,10 @@ async def expire_due(
         expected=S.PROPOSED,
         target=S.CANCELLED,
         event_type=EventType.APPROVAL_EXPIRED,
-        producer=PRODUCER,
+        producer=Producer.APPROVALS,
         lease_owner=None,
         fields={"completed_at": func.now()},
-        events_topic=events_topic,
+        topics=topics,
     )
     closed = (
         await session.execute(

@@ -13,13 +13,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import tool_calls
 from dispatcher.errors import ToolCallNotFound
-from dispatcher.ledger.events import (
-    DEFAULT_EVENTS_TOPIC,
-    CallContext,
-    EventType,
-    event_row,
-    record_events,
-)
+from dispatcher.ledger.events import CallContext, EventType, event_row, record_events
+from dispatcher.ledger.messages import Producer
+from dispatcher.settings import DEFAULT_TOPICS, Topics
 
 
 async def request_compensation(
@@ -27,8 +23,8 @@ async def request_compensation(
     tool_call_id: str,
     *,
     reason: str,
-    producer: str,
-    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+    producer: Producer,
+    topics: Topics = DEFAULT_TOPICS,
 ) -> bool:
     """Mark the call, in the caller's transaction; False if it was already marked.
 
@@ -63,6 +59,6 @@ async def request_compensation(
                 payload={"reason": reason},
             )
         ],
-        topic=events_topic,
+        topics=topics,
     )
     return True

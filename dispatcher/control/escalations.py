@@ -3,10 +3,10 @@
 Entering ``escalated`` and opening the escalation are one step (:func:`escalate`): the
 status change, its event, the escalation record and the message announcing it on the
 escalations topic commit together. ``UNIQUE (tool_call_id, episode)`` makes that
-record, and so its one outbox message, exist once per escalation episode of a call
-however many reconcilers race; the state machine already lets only one of them move
-the call, the constraint holds even if that ever changes. The message id is the
-escalation id, so consumers of the at-least-once relay drop repeats by it.
+record, and so its one outbox message (:func:`dispatcher.ledger.messages.escalation_message`),
+exist once per escalation episode of a call however many reconcilers race; the state
+machine already lets only one of them move the call, the constraint holds even if that
+ever changes.
 
 An operator acknowledges (``open -> acknowledged``) and resolves with a finding; the
 call's final status follows through the transition table (``escalated -> confirmed``
@@ -27,24 +27,14 @@ from sqlalchemy import case, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.control.actor import Actor
-from dispatcher.db.tables import escalations, execution_events, outbox, tool_calls
+from dispatcher.db.tables import escalations, execution_events, tool_calls
 from dispatcher.errors import EscalationAlreadyResolved, EscalationNotFound
-from dispatcher.ledger.events import (
-    DEFAULT_EVENTS_TOPIC,
-    CallContext,
-    EventType,
-    event_row,
-    record_events,
-)
-from dispatcher.ledger.transitions import move
+from dispatcher.ledger.events import CallContext, EventType, event_row, record_events
+from dispatcher.ledger.messages import EscalationMessage, Producer, enqueue, escalation_message
+from dispatcher.ledger.transitions import Fence, move
+from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
-from outbox_relay import OutboxMessage
-
-DEFAULT_ESCALATIONS_TOPIC = "tool-dispatcher.escalations"
-OPENED = "tool.call.escalation.opened"
-RESOLVED = "tool.call.escalation.resolved"
-PRODUCER = "tool-dispatcher.operator"
 
 
 class Finding(StrEnum):
@@ -131,11 +121,9 @@ async def escalate(
     expected: S | Iterable[S],
     reason: str,
     evidence: Mapping[str, Any],
-    producer: str,
-    lease_owner: str | None = None,
-    version: int | None = None,
-    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
-    escalations_topic: str = DEFAULT_ESCALATIONS_TOPIC,
+    producer: Producer,
+    fence: Fence | None = None,
+    topics: Topics = DEFAULT_TOPICS,
     fields: Mapping[str, Any] | None = None,
 ) -> EscalationView:
     """Move the call to ``escalated`` and open its escalation, in the caller's
@@ -144,18 +132,18 @@ async def escalate(
     whole event history (every attempt and answer) and the resolving commands.
     ``fields`` are further column values for the call's UPDATE.
 
-    Raises :class:`TransitionConflict` when someone else moved the call first."""
+    Raises :class:`TransitionConflict` when someone else moved the call first (or
+    ``fence`` no longer holds)."""
     escalation_id = f"esc_{uuid.uuid4().hex}"
-    row = await move(
+    moved = await move(
         session,
         tool_call_id,
         expected=expected,
         target=S.ESCALATED,
         event_type=EventType.TOOL_CALL_ESCALATED,
         producer=producer,
-        events_topic=events_topic,
-        lease_owner=lease_owner,
-        version=version,
+        topics=topics,
+        fence=fence,
         fields={
             "verification_status": VerificationStatus.INCONCLUSIVE,
             "reconciliation_status": ReconciliationStatus.ESCALATED,
@@ -166,7 +154,7 @@ async def escalate(
         },
         payload={"reason": reason, "escalationId": escalation_id},
     )
-    call = row._mapping
+    call = moved.row._mapping
     history = (
         await session.execute(
             select(
@@ -224,7 +212,7 @@ async def escalate(
         await session.execute(insert(escalations).values(record).returning(*escalations.c))
     ).one()
     view = EscalationView.of(stored._mapping)
-    await _publish(session, view, OPENED, escalations_topic)
+    await _publish(session, view, EscalationMessage.OPENED, producer, topics)
     return view
 
 
@@ -256,7 +244,7 @@ async def acknowledge(
     *,
     actor: Actor,
     tenant: str | None = None,
-    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+    topics: Topics = DEFAULT_TOPICS,
 ) -> EscalationView:
     """Take ownership of an open escalation (acknowledging twice changes nothing)."""
     current = await _locked(session, escalation_id, tenant)
@@ -283,11 +271,11 @@ async def acknowledge(
             event_row(
                 EventType.TOOL_CALL_ESCALATION_ACKNOWLEDGED,
                 CallContext.of(call),
-                producer=PRODUCER,
+                producer=Producer.OPERATOR,
                 payload={"escalationId": escalation_id, "by": actor.as_payload()},
             )
         ],
-        topic=events_topic,
+        topics=topics,
     )
     return EscalationView.of(row._mapping)
 
@@ -300,8 +288,7 @@ async def resolve(
     reason: str,
     actor: Actor,
     tenant: str | None = None,
-    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
-    escalations_topic: str = DEFAULT_ESCALATIONS_TOPIC,
+    topics: Topics = DEFAULT_TOPICS,
 ) -> EscalationView:
     """Settle the escalated call by an operator's finding, in the caller's transaction.
 
@@ -326,8 +313,8 @@ async def resolve(
         expected=S.ESCALATED,
         target=target,
         event_type=event,
-        producer=PRODUCER,
-        events_topic=events_topic,
+        producer=Producer.OPERATOR,
+        topics=topics,
         fields={
             "verification_status": verified,
             "reconciliation_status": ReconciliationStatus.SETTLED,
@@ -355,7 +342,7 @@ async def resolve(
         )
     ).one()
     view = EscalationView.of(row._mapping)
-    await _publish(session, view, RESOLVED, escalations_topic)
+    await _publish(session, view, EscalationMessage.RESOLVED, Producer.OPERATOR, topics)
     return view
 
 
@@ -378,20 +365,15 @@ async def _call(session: AsyncSession, tool_call_id: str) -> Mapping[Any, Any]:
     return row._mapping
 
 
-async def _publish(session: AsyncSession, view: EscalationView, kind: str, topic: str) -> None:
-    message_id = view.escalation_id if kind == OPENED else f"{view.escalation_id}:resolved"
-    await session.execute(
-        insert(outbox).values(
-            OutboxMessage(
-                topic=topic,
-                key=view.tool_call_id,
-                type=kind,
-                source="/tool-dispatcher/escalations",
-                payload=view.model_dump(by_alias=True, mode="json"),
-                message_id=message_id,
-            ).row()
-        )
-    )
+async def _publish(
+    session: AsyncSession,
+    view: EscalationView,
+    kind: EscalationMessage,
+    producer: Producer,
+    topics: Topics,
+) -> None:
+    published = view.model_dump(by_alias=True, mode="json")
+    await enqueue(session, [escalation_message(kind, published, producer=producer, topics=topics)])
 
 
 def _iso(value: datetime | None) -> str | None:

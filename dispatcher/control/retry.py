@@ -14,22 +14,21 @@ import uuid
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.control.actor import Actor
-from dispatcher.control.approvals import last_event_id
 from dispatcher.control.runs import lock_run
-from dispatcher.db.tables import outbox, tool_calls
+from dispatcher.db.tables import tool_calls
 from dispatcher.errors import RetryNotAllowed, RunStopped, ToolCallNotFound
-from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC, dispatch_command
-from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC, CallContext, EventType
+from dispatcher.ledger.events import EventType
+from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
 from dispatcher.ledger.transitions import move
 from dispatcher.schemas import ToolCallView
+from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
 
-PRODUCER = "tool-dispatcher.operator"
 RETRIABLE = (S.FAILED, S.ESCALATED)
 
 _WHY_NOT = {
@@ -69,8 +68,7 @@ async def retry_call(
     *,
     tenant: str,
     actor: Actor,
-    dispatch_topic: str = DEFAULT_DISPATCH_TOPIC,
-    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+    topics: Topics = DEFAULT_TOPICS,
 ) -> ToolCallView:
     """``failed`` / ``escalated`` -> ``authorized`` plus a dispatch command, in the
     caller's transaction; who and why go into the ``tool.call.retried`` event.
@@ -115,8 +113,8 @@ async def retry_call(
         expected=status,
         target=S.AUTHORIZED,
         event_type=EventType.TOOL_CALL_RETRIED,
-        producer=PRODUCER,
-        events_topic=events_topic,
+        producer=Producer.OPERATOR,
+        topics=topics,
         fields=fields,
         payload={
             "by": actor.as_payload(),
@@ -126,14 +124,8 @@ async def retry_call(
             "previousIdempotencyKey": previous_key,
         },
     )
-    await session.execute(
-        insert(outbox).values(
-            dispatch_command(
-                CallContext.of(moved._mapping),
-                key,
-                topic=dispatch_topic,
-                causation_id=await last_event_id(session, tool_call_id),
-            )
-        )
+    command = DispatchCommand.build(
+        moved.row._mapping, producer=Producer.OPERATOR, causation_id=moved.event_id
     )
-    return ToolCallView.of(moved._mapping)
+    await enqueue(session, [command.to_outbox_row(topics)])
+    return ToolCallView.of(moved.row._mapping)

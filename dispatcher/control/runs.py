@@ -35,11 +35,12 @@ from dispatcher.control.actor import Actor
 from dispatcher.control.compensation import request_compensation
 from dispatcher.db.tables import approvals, runs, tool_calls
 from dispatcher.errors import CapabilityNotFound
-from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC, EventType, record_events, run_event_row
+from dispatcher.ledger.events import EventType, record_events, run_event_row
+from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import BulkMove, move_many
+from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus as S
 
-PRODUCER = "tool-dispatcher.operator"
 QUEUED = (S.PROPOSED, S.AUTHORIZED)
 """Not dispatched yet: a stop cancels these."""
 IN_FLIGHT = (S.DISPATCHING, S.ACCEPTED, S.RESULT_UNKNOWN)
@@ -114,7 +115,7 @@ async def stop_run(
     actor: Actor,
     reason: str,
     registry: CapabilityRegistry,
-    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+    topics: Topics = DEFAULT_TOPICS,
 ) -> StopOutcome:
     """Stop the run in the caller's transaction (see the module docstring). A run
     nobody has heard of yet can be stopped too: its calls will be refused."""
@@ -142,11 +143,11 @@ async def stop_run(
                 EventType.RUN_STOPPED,
                 tenant=tenant,
                 run_id=run_id,
-                producer=PRODUCER,
+                producer=Producer.OPERATOR,
                 payload={"by": by, "reason": reason},
             )
         ],
-        topic=events_topic,
+        topics=topics,
     )
     # Lock order run -> approvals -> calls, as the expiry sweeper (approvals -> calls,
     # SKIP LOCKED) and a decision (run -> approval -> call) take them: no deadlock.
@@ -178,13 +179,13 @@ async def stop_run(
         expected=QUEUED,
         target=S.CANCELLED,
         event_type=EventType.TOOL_CALL_CANCELLED,
-        producer=PRODUCER,
+        producer=Producer.OPERATOR,
         lease_owner=None,
         where=in_run,
         fields={"completed_at": func.now()},
-        events_topic=events_topic,
+        topics=topics,
     )
-    cancelled_ids = [row.tool_call_id for row in cancelled]
+    cancelled_ids = [m.row.tool_call_id for m in cancelled]
     if cancelled_ids:
         await session.execute(
             update(approvals)
@@ -209,8 +210,8 @@ async def stop_run(
                 session,
                 call_id,
                 reason=f"run stopped: {reason}" if reason else "run stopped",
-                producer=PRODUCER,
-                events_topic=events_topic,
+                producer=Producer.OPERATOR,
+                topics=topics,
             )
             compensate.append(call_id)
     return StopOutcome(

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.errors import DispatcherError, ServiceUnavailable
 from dispatcher.intake.service import Submission, SubmitRequest, submit_many
+from dispatcher.settings import Topics
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +43,13 @@ class IntakeBatcher:
         sessions: async_sessionmaker[AsyncSession],
         registry: CapabilityRegistry,
         *,
-        dispatch_topic: str,
-        events_topic: str | None,
+        topics: Topics,
         max_batch: int = 128,
         flushers: int = 2,
     ) -> None:
         self._sessions = sessions
         self._registry = registry
-        self._dispatch_topic = dispatch_topic
-        self._events_topic = events_topic
+        self._topics = topics
         self._max_batch = max_batch
         self._flushers = flushers
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
@@ -105,8 +104,7 @@ class IntakeBatcher:
                         session,
                         items,
                         registry=self._registry,
-                        dispatch_topic=self._dispatch_topic,
-                        events_topic=self._events_topic,
+                        topics=self._topics,
                         submitted_by=[p.submitted_by for p in batch],
                     )
                 break

@@ -37,20 +37,11 @@ from dispatcher.errors import (
     ValidationFailed,
 )
 from dispatcher.intake.statement import write_intake
-from dispatcher.ledger.events import (
-    DEFAULT_EVENTS_TOPIC,
-    CallContext,
-    EventType,
-    event_message,
-    event_row,
-)
+from dispatcher.ledger.events import CallContext, EventType, event_message, event_row
+from dispatcher.ledger.messages import DispatchCommand, Producer
 from dispatcher.schemas import ToolCallView
+from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus
-from outbox_relay import OutboxMessage
-
-PRODUCER = "tool-dispatcher.intake"
-DISPATCH_COMMAND = "tool.call.dispatch"
-DEFAULT_DISPATCH_TOPIC = "tool-dispatcher.commands"
 
 _Id = Field(default=None, min_length=1, max_length=200)
 
@@ -115,8 +106,7 @@ async def submit(
     *,
     tenant: str,
     registry: CapabilityRegistry,
-    dispatch_topic: str = DEFAULT_DISPATCH_TOPIC,
-    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+    topics: Topics = DEFAULT_TOPICS,
     submitted_by: str | None = None,
 ) -> Submission:
     """Record ``request`` inside the caller's open transaction; the caller commits.
@@ -130,8 +120,7 @@ async def submit(
         session,
         [(request, tenant)],
         registry=registry,
-        dispatch_topic=dispatch_topic,
-        events_topic=events_topic,
+        topics=topics,
         submitted_by=[submitted_by],
     )
     if isinstance(outcome, DispatcherError):
@@ -144,8 +133,7 @@ async def submit_many(
     items: Sequence[tuple[SubmitRequest, str]],
     *,
     registry: CapabilityRegistry,
-    dispatch_topic: str = DEFAULT_DISPATCH_TOPIC,
-    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
+    topics: Topics = DEFAULT_TOPICS,
     submitted_by: Sequence[str | None] | None = None,
 ) -> list[Submission | DispatcherError]:
     """Record several ``(request, tenant)`` submissions in the caller's transaction.
@@ -184,7 +172,7 @@ async def submit_many(
         messages: list[dict[str, Any]] = []
         approvals: list[dict[str, Any]] = []
         for i in fresh:
-            _plan_created(prepared[i], events, messages, approvals, dispatch_topic, events_topic)
+            _plan_created(prepared[i], events, messages, approvals, topics)
         inserted = {
             row["tool_call_id"]: row
             for row in await write_intake(
@@ -255,8 +243,7 @@ def _plan_created(
     events: list[dict[str, Any]],
     messages: list[dict[str, Any]],
     approvals: list[dict[str, Any]],
-    dispatch_topic: str,
-    events_topic: str | None,
+    topics: Topics,
 ) -> None:
     """Append the event, outbox and approval rows that record ``prep`` if it is created."""
     ctx = CallContext.of(prep.values)
@@ -265,7 +252,7 @@ def _plan_created(
         event_row(
             EventType.TOOL_CALL_REQUESTED,
             ctx,
-            producer=PRODUCER,
+            producer=Producer.INTAKE,
             causation_id=prep.request.causation_id,
             payload={
                 "idempotencyKey": prep.values["idempotency_key"],
@@ -280,7 +267,7 @@ def _plan_created(
             event_row(
                 EventType.APPROVAL_REQUIRED,
                 ctx,
-                producer=PRODUCER,
+                producer=Producer.INTAKE,
                 causation_id=new[0]["event_id"],
                 payload={
                     "approvalId": approval["approval_id"],
@@ -294,21 +281,17 @@ def _plan_created(
             event_row(
                 EventType.TOOL_CALL_AUTHORIZED,
                 ctx,
-                producer=PRODUCER,
+                producer=Producer.INTAKE,
                 causation_id=new[0]["event_id"],
                 payload={"reason": "no approval required"},
             )
         )
-    if events_topic is not None:
-        messages.extend({**event_message(e, events_topic), "call": call} for e in new)
+    messages.extend({**event_message(e, topics), "call": call} for e in new)
     if not prep.requires_approval:
-        command = dispatch_command(
-            ctx,
-            prep.values["idempotency_key"],
-            topic=dispatch_topic,
-            causation_id=new[-1]["event_id"],
+        command = DispatchCommand.build(
+            prep.values, producer=Producer.INTAKE, causation_id=new[-1]["event_id"]
         )
-        messages.append({**command, "call": call})
+        messages.append({**command.to_outbox_row(topics), "call": call})
     # JSON parameters: the timestamp travels as ISO 8601 text.
     events.extend({**e, "occurred_at": e["occurred_at"].isoformat()} for e in new)
 
@@ -330,26 +313,6 @@ def _approval(prep: _Prepared) -> dict[str, Any]:
         "requested_by": prep.submitted_by,
         "expires_at": expires_at.isoformat(),
     }
-
-
-def dispatch_command(
-    ctx: CallContext, idempotency_key: str, *, topic: str, causation_id: str | None
-) -> dict[str, Any]:
-    """Outbox row values of the command that asks a worker to run a call."""
-    return OutboxMessage(
-        topic=topic,
-        key=ctx.tool_call_id,
-        type=DISPATCH_COMMAND,
-        source="/tool-dispatcher/intake",
-        payload={
-            "toolCallId": ctx.tool_call_id,
-            "tenant": ctx.tenant,
-            "runId": ctx.run_id,
-            "capabilityId": ctx.capability_id,
-            "idempotencyKey": idempotency_key,
-            "causationId": causation_id,
-        },
-    ).row()
 
 
 def _default_key(request: SubmitRequest, tool_call_id: str, template: str | None) -> str:

@@ -1,7 +1,8 @@
 """Typed execution events: the facts the runtime records, append-only.
 
 Rows are built here and inserted in the same transaction as the state change they
-describe (see :mod:`dispatcher.intake.service` and :mod:`dispatcher.ledger.transitions`).
+describe (see :mod:`dispatcher.intake.service` and :mod:`dispatcher.ledger.transitions`);
+each is published on the events topic through the outbox (:mod:`dispatcher.ledger.messages`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from dispatcher.db.tables import execution_events, outbox
-from outbox_relay import OutboxMessage
+from dispatcher.db.tables import execution_events
+from dispatcher.ledger.messages import Producer, ce_source, enqueue, outbox_row
+from dispatcher.settings import DEFAULT_TOPICS, Topics
 
 SCHEMA_VERSION = 1
 
@@ -82,11 +84,7 @@ class CallContext:
         )
 
 
-DEFAULT_EVENTS_TOPIC = "tool-dispatcher.events"
-
-
 _INSERT_EVENTS = insert(execution_events)
-_INSERT_OUTBOX = insert(outbox)
 
 
 def new_event_id() -> str:
@@ -97,7 +95,7 @@ def event_row(
     event_type: EventType,
     ctx: CallContext,
     *,
-    producer: str,
+    producer: Producer,
     causation_id: str | None = None,
     payload: Mapping[str, Any] | None = None,
     event_id: str | None = None,
@@ -126,7 +124,7 @@ def run_event_row(
     *,
     tenant: str,
     run_id: str,
-    producer: str,
+    producer: Producer,
     payload: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Column values of an ``execution_events`` row about a whole run (no call)."""
@@ -160,36 +158,33 @@ def envelope(event: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def event_message(event: Mapping[str, Any], topic: str) -> dict[str, Any]:
+def event_message(event: Mapping[str, Any], topics: Topics) -> dict[str, Any]:
     """Outbox row values publishing ``event`` (an :func:`event_row`) on the events topic.
 
     Keyed by run, so a consumer sees each run's facts in order; the message id is the
     event id, so consumers drop duplicates by it.
     """
-    occurred_at: datetime = event["occurred_at"]
-    body = envelope(event)
-    return OutboxMessage(
-        topic=topic,
+    return outbox_row(
+        topic=topics.events,
         key=event["run_id"],
         type=event["event_type"],
-        source=f"/tool-dispatcher/{event['producer']}",
-        payload=body,
+        source=ce_source(event["producer"]),
+        payload=envelope(event),
         message_id=event["event_id"],
-        time=occurred_at,
-    ).row()
+        time=event["occurred_at"],
+    )
 
 
 async def record_events(
     session: AsyncSession,
     events: Sequence[Mapping[str, Any]],
     *,
-    topic: str | None = DEFAULT_EVENTS_TOPIC,
+    topics: Topics = DEFAULT_TOPICS,
 ) -> None:
-    """Append ``events`` to the log and, unless ``topic`` is None, to the outbox, in
-    the caller's transaction."""
+    """Append ``events`` to the log and their messages to the outbox, in the caller's
+    transaction."""
     if not events:
         return
     # A list of parameter sets, not .values(list): the compiled statement is cached.
     await session.execute(_INSERT_EVENTS, list(events))
-    if topic is not None:
-        await session.execute(_INSERT_OUTBOX, [event_message(e, topic) for e in events])
+    await enqueue(session, [event_message(e, topics) for e in events])

@@ -1,9 +1,11 @@
 """The only code that changes a tool call's execution status.
 
 Every move is checked against :data:`dispatcher.states.TRANSITIONS`, applied with a
-conditional UPDATE (``WHERE status IN (:expected)`` plus optional lease/version
-fences), and recorded as an execution event in the same transaction. Zero rows
-updated means someone else moved the call first: :class:`TransitionConflict`.
+conditional UPDATE (``WHERE status IN (:expected)`` plus an optional :class:`Fence`),
+and recorded as an execution event in the same transaction. Zero rows updated means
+someone else moved the call first: :class:`TransitionConflict`. A mover gets back the
+row and the event (:class:`Moved`), so what it writes next can name that event as its
+cause.
 """
 
 from __future__ import annotations
@@ -36,14 +38,40 @@ from sqlalchemy.sql.dml import Update
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.errors import TransitionConflict
 from dispatcher.ledger.events import (
-    DEFAULT_EVENTS_TOPIC,
     CallContext,
     EventType,
     event_message,
     event_row,
     record_events,
 )
+from dispatcher.ledger.messages import Producer
+from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus, check_transition
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """What a mover saw of a call when it decided: the lease owner and the version
+    (None: not checked). A move fenced by it changes nothing once either changed: a
+    worker or reconciler whose claim was taken over learns so through
+    :class:`TransitionConflict`."""
+
+    owner: str | None = None
+    version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """A moved call: its row after the move, and the event (an ``execution_events``
+    row's values) that records the move."""
+
+    row: Row[Any]
+    event: Mapping[str, Any]
+
+    @property
+    def event_id(self) -> str:
+        event_id: str = self.event["event_id"]
+        return event_id
 
 
 async def move(
@@ -53,20 +81,15 @@ async def move(
     expected: ExecutionStatus | Iterable[ExecutionStatus],
     target: ExecutionStatus,
     event_type: EventType,
-    producer: str,
+    producer: Producer,
     fields: Mapping[str, Any] | None = None,
     payload: Mapping[str, Any] | None = None,
     causation_id: str | None = None,
-    lease_owner: str | None = None,
-    version: int | None = None,
-    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
-) -> Row[Any]:
-    """Move one call from one of ``expected`` to ``target`` and record ``event_type``.
-
-    ``lease_owner`` / ``version`` fence out a worker whose claim was taken over: its
-    UPDATE matches nothing and it learns so through :class:`TransitionConflict`.
-    Returns the updated row.
-    """
+    fence: Fence | None = None,
+    topics: Topics = DEFAULT_TOPICS,
+) -> Moved:
+    """Move one call from one of ``expected`` to ``target`` (unless ``fence`` no longer
+    holds) and record ``event_type``; returns the updated row and the event."""
     sources = [expected] if isinstance(expected, ExecutionStatus) else list(expected)
     for source in sources:
         check_transition(source, target)
@@ -85,10 +108,10 @@ async def move(
         )
         .returning(*tool_calls.c)
     )
-    if lease_owner is not None:
-        stmt = stmt.where(tool_calls.c.lease_owner == lease_owner)
-    if version is not None:
-        stmt = stmt.where(tool_calls.c.version == version)
+    if fence is not None and fence.owner is not None:
+        stmt = stmt.where(tool_calls.c.lease_owner == fence.owner)
+    if fence is not None and fence.version is not None:
+        stmt = stmt.where(tool_calls.c.version == fence.version)
 
     row = (await session.execute(stmt)).first()
     if row is None:
@@ -105,8 +128,8 @@ async def move(
         causation_id=causation_id,
         payload={"from": [s.value for s in sources], "to": target.value, **dict(payload or {})},
     )
-    await record_events(session, [event], topic=events_topic)
-    return row
+    await record_events(session, [event], topics=topics)
+    return Moved(row, event)
 
 
 def _rows_of(param: str, table: Table, names: Sequence[str]) -> str:
@@ -128,7 +151,6 @@ _EVENTS_SQL = f"INSERT INTO execution_events ({', '.join(_EVENT_COLUMNS)}) " + _
 # A batch's events and their outbox rows in one constant statement: one execution (and
 # one firing of the outbox's statement trigger) for the batch, where an executemany is
 # one per row. Only this module's column lists go into the text.
-_INSERT_EVENTS = text(_EVENTS_SQL).bindparams(bindparam("events", type_=JSONB))
 _INSERT_EVENTS_AND_MESSAGES = text(
     f"WITH events AS ({_EVENTS_SQL}) INSERT INTO outbox ({', '.join(_MESSAGE_COLUMNS)}) "
     + _rows_of("messages", outbox, _MESSAGE_COLUMNS)
@@ -136,17 +158,14 @@ _INSERT_EVENTS_AND_MESSAGES = text(
 
 
 async def _record_all(
-    session: AsyncSession, events: Sequence[Mapping[str, Any]], topic: str | None
+    session: AsyncSession, events: Sequence[Mapping[str, Any]], topics: Topics
 ) -> None:
     """:func:`dispatcher.ledger.events.record_events` for a batch, in one statement."""
     if not events:
         return
     # JSON parameters: the timestamp travels as ISO 8601 text.
     rows = [{**e, "occurred_at": e["occurred_at"].isoformat()} for e in events]
-    if topic is None:
-        await session.execute(_INSERT_EVENTS, {"events": rows})
-        return
-    messages = [event_message(e, topic) for e in events]
+    messages = [event_message(e, topics) for e in events]
     await session.execute(_INSERT_EVENTS_AND_MESSAGES, {"events": rows, "messages": messages})
 
 
@@ -209,13 +228,13 @@ async def move_many(
     expected: ExecutionStatus | Iterable[ExecutionStatus],
     target: ExecutionStatus,
     event_type: EventType,
-    producer: str,
+    producer: Producer,
     lease_owner: str | None,
     fields: Mapping[str, Any] | None = None,
     where: Sequence[ColumnElement[bool]] = (),
     row_payload: Callable[[RowMapping], Mapping[str, Any]] | None = None,
-    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
-) -> list[Row[Any]]:
+    topics: Topics = DEFAULT_TOPICS,
+) -> list[Moved]:
     """:func:`move` for many calls in three statements, whatever their number: one
     conditional UPDATE (each row fenced by status, ``lease_owner`` unless None, its own
     version unless None, and ``where``), one INSERT of events, one of outbox rows.
@@ -223,7 +242,8 @@ async def move_many(
     Every move must carry the same ``values`` keys. A call that no longer matches its
     fence is skipped rather than failing the batch: its row is simply missing from
     the result, and the caller treats it as taken over. ``row_payload`` adds to each
-    event's payload what only the moved row tells.
+    event's payload what only the moved row tells. Each moved call comes back with its
+    event.
     """
     if not moves:
         return []
@@ -270,5 +290,5 @@ async def move_many(
         )
         for row in moved
     ]
-    await _record_all(session, events, events_topic)
-    return moved
+    await _record_all(session, events, topics)
+    return [Moved(row, event) for row, event in zip(moved, events, strict=True)]

@@ -30,7 +30,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from dispatcher.capabilities import Capability
 from dispatcher.db.tables import tool_calls
 from dispatcher.ledger.events import EventType
+from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import BulkMove, move_many
+from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 
 
@@ -82,8 +84,8 @@ async def claim_calls(
     capabilities: Mapping[str, Capability],
     leases: Mapping[str, float],
     owner: str,
-    producer: str,
-    events_topic: str | None,
+    producer: Producer,
+    topics: Topics,
     expected: S = S.AUTHORIZED,
     event_type: EventType = EventType.TOOL_CALL_DISPATCHING,
     fence_owner: str | None = None,
@@ -109,14 +111,14 @@ async def claim_calls(
     }
     if moves and "dispatch_attempts" not in moves[0].values:
         fields["dispatch_attempts"] = tool_calls.c.dispatch_attempts + 1
-    rows = await move_many(
+    moved = await move_many(
         session,
         moves,
         expected=expected,
         target=S.DISPATCHING,
         event_type=event_type,
         producer=producer,
-        events_topic=events_topic,
+        topics=topics,
         lease_owner=fence_owner,
         fields=fields,
         where=[
@@ -126,6 +128,7 @@ async def claim_calls(
         row_payload=lambda row: {"worker": owner, "leaseSeconds": leases[row["capability_id"]]},
     )
     now = time.monotonic()
+    rows = [m.row for m in moved]
     return [
         Claim(
             row.tool_call_id,

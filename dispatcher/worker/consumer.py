@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -26,6 +25,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.engine import create_engine, session_factory
+from dispatcher.ledger.messages import DispatchCommand
 from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.contract import pools as provider_pools
 from dispatcher.settings import Settings
@@ -43,21 +43,6 @@ request; from 4 up the cost grows with the pool."""
 
 def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-def dispatch_command(record: ConsumerRecord[Any, Any]) -> tuple[str, str | None] | None:
-    """The call and capability a dispatch command names, or None for a message that
-    is not one."""
-    try:
-        payload = json.loads(record.value)
-    except (TypeError, ValueError):
-        return None
-    if not isinstance(payload, dict):
-        return None
-    tool_call_id, capability_id = payload.get("toolCallId"), payload.get("capabilityId")
-    if not isinstance(tool_call_id, str) or not tool_call_id:
-        return None
-    return tool_call_id, capability_id if isinstance(capability_id, str) else None
 
 
 def default_provider(settings: Settings, pools: list[httpx.AsyncClient]) -> ProviderClient:
@@ -91,7 +76,7 @@ async def run_worker(
         registry,
         provider,
         worker_id=worker_id,
-        events_topic=settings.events_topic,
+        topics=settings.topics(),
         min_lease_seconds=settings.min_lease_seconds,
         lease_margin_seconds=settings.lease_margin_seconds,
         crash=CrashPoints(settings.crash_at),
@@ -130,7 +115,7 @@ def _commands(records: list[ConsumerRecord[Any, Any]], known: set[str]) -> list[
     """The calls the fetched records name, in order; other messages are dropped."""
     calls = []
     for record in records:
-        command = dispatch_command(record)
+        command = DispatchCommand.parse(record.value, record.headers)
         if command is None:
             log.error(
                 "dropping a message that is not a dispatch command at %s:%s@%s",
@@ -139,11 +124,10 @@ def _commands(records: list[ConsumerRecord[Any, Any]], known: set[str]) -> list[
                 record.offset,
             )
             continue
-        tool_call_id, capability_id = command
-        if capability_id is not None and capability_id not in known:
+        if command.capability_id not in known:
             # Its call stays authorized: no claim is taken for an unknown capability.
-            log.error("call %s names an unregistered capability", tool_call_id)
-        calls.append(tool_call_id)
+            log.error("call %s names an unregistered capability", command.tool_call_id)
+        calls.append(command.tool_call_id)
     return calls
 
 
@@ -201,20 +185,14 @@ async def _sweep(
     known = {cap.id for cap in registry}
     while not stop.is_set():
         try:
-            await recover_expired(
-                sessions,
-                registry,
-                dispatch_topic=settings.dispatch_topic,
-                events_topic=settings.events_topic,
-            )
+            await recover_expired(sessions, registry, topics=settings.topics())
             if loop.time() >= next_redrive:
                 next_redrive = loop.time() + settings.redrive_interval_seconds
                 await redrive_stale(
                     sessions,
-                    dispatch_topic=settings.dispatch_topic,
+                    topics=settings.topics(),
                     older_than_seconds=settings.redrive_after_seconds,
                     known_capabilities=known,
-                    events_topic=settings.events_topic,
                 )
         except Exception:  # the sweep must outlive a database outage
             log.exception("recovery sweep failed; trying again")

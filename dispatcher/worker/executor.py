@@ -26,17 +26,18 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import Capability, CapabilityRegistry
 from dispatcher.errors import TransitionConflict
 from dispatcher.ledger.events import EventType
-from dispatcher.ledger.transitions import BulkMove
+from dispatcher.ledger.messages import Producer
+from dispatcher.ledger.transitions import BulkMove, Fence
 from dispatcher.provider.client import DispatchRequest, ProviderClient, ProviderOutcome
+from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.worker.claims import Claim, claim_calls, lease_seconds
 from dispatcher.worker.crashpoints import CrashPoints
 from dispatcher.worker.outcomes import OutcomeRecorder, Sent
 
-__all__ = ["PRODUCER", "Claim", "Executor", "lease_seconds"]
+__all__ = ["Claim", "Executor", "lease_seconds"]
 
 log = logging.getLogger(__name__)
-PRODUCER = "tool-dispatcher.worker"
 
 
 class Executor:
@@ -49,23 +50,23 @@ class Executor:
         provider: ProviderClient,
         *,
         worker_id: str,
-        events_topic: str,
+        topics: Topics,
         min_lease_seconds: float = 10.0,
         lease_margin_seconds: float = 5.0,
         crash: CrashPoints | None = None,
-        producer: str = PRODUCER,
+        producer: Producer = Producer.WORKER,
     ) -> None:
         self._sessions = sessions
         self._producer = producer
         self._provider = provider
         self.worker_id = worker_id
-        self._events_topic = events_topic
+        self._topics = topics
         self._min_lease = min_lease_seconds
         self._lease_margin = lease_margin_seconds
         self._crash = crash or CrashPoints()
         self._capabilities = {cap.id: cap for cap in registry}
         self._leases = {cap.id: self._lease_of(cap) for cap in registry}
-        self._recorder = OutcomeRecorder(worker_id, producer, events_topic)
+        self._recorder = OutcomeRecorder(worker_id, producer, topics)
 
     def _lease_of(self, capability: Capability) -> float:
         return lease_seconds(capability, self._min_lease, self._lease_margin)
@@ -104,7 +105,7 @@ class Executor:
                 leases=self._leases,
                 owner=self.worker_id,
                 producer=self._producer,
-                events_topic=self._events_topic,
+                topics=self._topics,
             )
 
     async def claim_in(
@@ -117,20 +118,20 @@ class Executor:
         dispatch_attempts: int,
         event_type: EventType = EventType.TOOL_CALL_DISPATCHING,
         payload: dict[str, Any] | None = None,
-        lease_owner: str | None = None,
-        version: int | None = None,
+        fence: Fence | None = None,
         settles: bool = False,
     ) -> Claim:
         """Move ``expected -> dispatching`` under this worker's lease in the caller's
-        transaction (the caller's commit is point A). ``lease_owner`` and ``version``
-        fence the move as in :func:`dispatcher.ledger.transitions.move`; ``dispatch_attempts``
-        is the count the caller saw. Raises :class:`TransitionConflict`."""
+        transaction (the caller's commit is point A), unless ``fence`` no longer holds;
+        ``dispatch_attempts`` is the count the caller saw. Raises
+        :class:`TransitionConflict`."""
+        fence = fence or Fence()
         claims = await claim_calls(
             session,
             [
                 BulkMove(
                     tool_call_id,
-                    version,
+                    fence.version,
                     {"dispatch_attempts": dispatch_attempts + 1},
                     payload or {},
                 )
@@ -139,10 +140,10 @@ class Executor:
             leases={capability.id: self._lease_of(capability)},
             owner=self.worker_id,
             producer=self._producer,
-            events_topic=self._events_topic,
+            topics=self._topics,
             expected=expected,
             event_type=event_type,
-            fence_owner=lease_owner,
+            fence_owner=fence.owner,
             settles=settles,
         )
         if not claims:

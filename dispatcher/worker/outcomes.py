@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import tool_calls
 from dispatcher.ledger.events import EventType
-from dispatcher.ledger.transitions import BulkMove, move_many
+from dispatcher.ledger.messages import Producer
+from dispatcher.ledger.transitions import BulkMove, Moved, move_many
 from dispatcher.provider.client import OutcomeKind, ProviderOutcome
+from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
 from dispatcher.worker.claims import Claim, by_capability, seconds_of
@@ -89,8 +91,8 @@ class OutcomeRecorder:
     """Records outcomes for one lease owner, in the caller's transaction."""
 
     owner: str
-    producer: str
-    events_topic: str | None
+    producer: Producer
+    topics: Topics
 
     async def record(self, session: AsyncSession, sent: Sequence[Sent]) -> dict[str, S]:
         """The status recorded per call; a call missing from the result was taken over."""
@@ -127,13 +129,13 @@ class OutcomeRecorder:
         for cls in _Class:  # a fixed order of statements, whatever the batch holds
             if not groups.get(cls):
                 continue
-            status, rows = await self._write(session, cls, groups[cls])
-            recorded.update((row.tool_call_id, status) for row in rows)
+            status, moved = await self._write(session, cls, groups[cls])
+            recorded.update((m.row.tool_call_id, status) for m in moved)
         return recorded
 
     async def _write(
         self, session: AsyncSession, cls: _Class, items: list[Sent]
-    ) -> tuple[S, list[Row[Any]]]:
+    ) -> tuple[S, list[Moved]]:
         now = func.now()
         if cls is _Class.FAILED:
             return S.FAILED, await self._leave_dispatching(
@@ -200,18 +202,18 @@ class OutcomeRecorder:
             session,
             [
                 BulkMove(
-                    row.tool_call_id,
-                    row.version,
-                    values(by_id[row.tool_call_id]),
-                    _evidence(by_id[row.tool_call_id].outcome),
+                    m.row.tool_call_id,
+                    m.row.version,
+                    values(by_id[m.row.tool_call_id]),
+                    _evidence(by_id[m.row.tool_call_id].outcome),
                 )
-                for row in accepted
+                for m in accepted
             ],
             expected=S.ACCEPTED,
             target=final,
             event_type=event,
             producer=self.producer,
-            events_topic=self.events_topic,
+            topics=self.topics,
             lease_owner=None,
             fields=fields,
         )
@@ -227,7 +229,7 @@ class OutcomeRecorder:
         event: EventType,
         values: Callable[[Sent], Mapping[str, Any]],
         fields: Mapping[str, Any],
-    ) -> list[Row[Any]]:
+    ) -> list[Moved]:
         """``dispatching -> target``, each call fenced by this owner's lease and its
         claim's version; the lease is released."""
         return await move_many(
@@ -250,7 +252,7 @@ class OutcomeRecorder:
             target=target,
             event_type=event,
             producer=self.producer,
-            events_topic=self.events_topic,
+            topics=self.topics,
             lease_owner=self.owner,
             fields={**_RELEASED, **fields},
         )

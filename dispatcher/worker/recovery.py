@@ -22,16 +22,16 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.db.tables import outbox, tool_calls
+from dispatcher.db.tables import tool_calls
 from dispatcher.errors import CapabilityNotFound
-from dispatcher.intake.service import dispatch_command
-from dispatcher.ledger.events import CallContext, EventType
-from dispatcher.ledger.transitions import move
+from dispatcher.ledger.events import EventType
+from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
+from dispatcher.ledger.transitions import Fence, move
+from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
 
 log = logging.getLogger(__name__)
-PRODUCER = "tool-dispatcher.recovery"
 
 
 class Recovery(StrEnum):
@@ -61,8 +61,7 @@ async def recover_expired(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     *,
-    dispatch_topic: str,
-    events_topic: str,
+    topics: Topics,
     limit: int = 200,
 ) -> RecoveryReport:
     """Apply the three-way rule to every ``dispatching`` call whose lease expired.
@@ -94,7 +93,7 @@ async def recover_expired(
                 "deadWorker": m["lease_owner"],
                 "rule": decide(S.DISPATCHING, side_effects),
             }
-            fence = {"lease_owner": m["lease_owner"], "version": m["version"]}
+            fence = Fence(m["lease_owner"], m["version"])
             released = {"lease_owner": None, "lease_expires_at": None}
             if side_effects:
                 await move(
@@ -103,10 +102,10 @@ async def recover_expired(
                     expected=S.DISPATCHING,
                     target=S.RESULT_UNKNOWN,
                     event_type=EventType.TOOL_CALL_RESULT_UNKNOWN,
-                    producer=PRODUCER,
-                    events_topic=events_topic,
+                    producer=Producer.RECOVERY,
+                    topics=topics,
                     payload=why,
-                    **fence,
+                    fence=fence,
                     fields={
                         **released,
                         "last_error": "worker_lost: outcome not recorded",
@@ -123,22 +122,16 @@ async def recover_expired(
                     expected=S.DISPATCHING,
                     target=S.AUTHORIZED,
                     event_type=EventType.TOOL_CALL_REDISPATCHED,
-                    producer=PRODUCER,
-                    events_topic=events_topic,
+                    producer=Producer.RECOVERY,
+                    topics=topics,
                     payload=why,
                     fields=released,
-                    **fence,
+                    fence=fence,
                 )
-                await session.execute(
-                    outbox.insert().values(
-                        dispatch_command(
-                            CallContext.of(moved._mapping),
-                            m["idempotency_key"],
-                            topic=dispatch_topic,
-                            causation_id=None,
-                        )
-                    )
+                command = DispatchCommand.build(
+                    moved.row._mapping, producer=Producer.RECOVERY, causation_id=moved.event_id
                 )
+                await enqueue(session, [command.to_outbox_row(topics)])
                 report.redispatched.append(m["tool_call_id"])
     if report.total:
         log.info(

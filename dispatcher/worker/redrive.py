@@ -27,29 +27,21 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.db.tables import outbox, tool_calls
-from dispatcher.intake.service import dispatch_command
-from dispatcher.ledger.events import (
-    DEFAULT_EVENTS_TOPIC,
-    CallContext,
-    EventType,
-    event_row,
-    record_events,
-)
+from dispatcher.ledger.events import CallContext, EventType, event_row, record_events
+from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
+from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 
 log = logging.getLogger(__name__)
-
-PRODUCER = "tool-dispatcher.redrive"
 
 
 async def redrive_stale(
     sessions: async_sessionmaker[AsyncSession],
     *,
-    dispatch_topic: str,
+    topics: Topics,
     older_than_seconds: float,
     known_capabilities: Collection[str] | None = None,
     limit: int = 200,
-    events_topic: str | None = DEFAULT_EVENTS_TOPIC,
 ) -> list[str]:
     """Write the dispatch command again for every call ``authorized`` for longer than
     ``older_than_seconds`` whose command is neither waiting in the outbox nor younger
@@ -88,7 +80,7 @@ async def redrive_stale(
                     .distinct()
                     .where(
                         outbox.c.key.in_(ids),
-                        outbox.c.topic == dispatch_topic,
+                        outbox.c.topic == topics.dispatch,
                         outbox.c.published_at.is_(None) | (outbox.c.created_at >= threshold),
                     )
                 )
@@ -100,7 +92,7 @@ async def redrive_stale(
                 event_row(
                     EventType.TOOL_CALL_REDRIVEN,
                     CallContext.of(r._mapping),
-                    producer=PRODUCER,
+                    producer=Producer.REDRIVE,
                     payload={
                         "authorizedSince": r.updated_at.isoformat(),
                         "thresholdSeconds": older_than_seconds,
@@ -108,16 +100,13 @@ async def redrive_stale(
                 )
                 for r in stale
             ]
-            await record_events(session, events, topic=events_topic)
-            await session.execute(
-                outbox.insert(),
+            await record_events(session, events, topics=topics)
+            await enqueue(
+                session,
                 [
-                    dispatch_command(
-                        CallContext.of(r._mapping),
-                        r.idempotency_key,
-                        topic=dispatch_topic,
-                        causation_id=event["event_id"],
-                    )
+                    DispatchCommand.build(
+                        r._mapping, producer=Producer.REDRIVE, causation_id=event["event_id"]
+                    ).to_outbox_row(topics)
                     for r, event in zip(stale, events, strict=True)
                 ],
             )

@@ -16,12 +16,12 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dispatcher.db.tables import escalations, execution_events, outbox, tool_calls
+from dispatcher.ledger.messages import Producer
 from dispatcher.schemas import EventView
 from dispatcher.states import SETTLED_STATES
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import VerificationStatus as V
 from dispatcher.views.run_view import fold_run
-from dispatcher.worker.recovery import PRODUCER as RECOVERY
 
 INVARIANTS: dict[int, str] = {
     1: "every acknowledged submission exists, with its events",
@@ -213,7 +213,7 @@ async def gather(
         taken_over = (
             await conn.execute(
                 select(func.count(func.distinct(execution_events.c.tool_call_id))).where(
-                    execution_events.c.producer == RECOVERY
+                    execution_events.c.producer == Producer.RECOVERY
                 )
             )
         ).scalar_one()
