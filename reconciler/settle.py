@@ -16,10 +16,11 @@ from typing import Any
 from sqlalchemy import Float, Integer, Text, cast, column, func, update, values
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from dispatcher.control.escalations import EscalationView, escalate
+from dispatcher.control.escalations import escalate
 from dispatcher.db.tables import tool_calls
 from dispatcher.ledger.events import CallContext, EventType, event_row, record_events
 from dispatcher.ledger.transitions import BulkMove, move, move_many
+from dispatcher.schemas import EscalationView
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
 from reconciler.due import FOLLOWED_UP, DueCall

@@ -17,10 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.cli.approvals import expire_all
 from dispatcher.control import approvals
-from dispatcher.control.approvals import DecisionRequest
 from dispatcher.control.escalations import Actor
 from dispatcher.db.tables import tool_calls
 from dispatcher.errors import ApprovalStale, CapabilityUnavailable, Forbidden
+from dispatcher.schemas import DecisionRequest
 from dispatcher.settings import Settings
 from tests.api_support import bearer, running_api
 from tests.control_support import (

@@ -24,9 +24,9 @@ from dispatcher.errors import (
     Unauthenticated,
     ValidationFailed,
 )
-from dispatcher.intake.service import SubmitRequest
 from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
 from dispatcher.provider.client import ProviderClient
+from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import Settings
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor

@@ -25,14 +25,12 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control import approvals, escalations, runs
 from dispatcher.control import retry as control
-from dispatcher.control.approvals import DecisionRequest
 from dispatcher.control.escalations import Actor
-from dispatcher.control.retry import RetryRequest
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC
 from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC, EventType, envelope
 from dispatcher.provider.client import ProviderClient
-from dispatcher.schemas import EventView
+from dispatcher.schemas import DecisionRequest, EscalationStatus, EventView, Finding, RetryRequest
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.views.run_view import fold_run
@@ -197,16 +195,14 @@ async def scenario(
 
     # The escalation: acknowledged, then resolved by an operator.
     async with sessions() as session:
-        opened = await escalations.list_escalations(
-            session, status=escalations.EscalationStatus.OPEN
-        )
+        opened = await escalations.list_escalations(session, status=EscalationStatus.OPEN)
     # The blind call cannot be looked up; neither can the "send" call recovery left unknown.
     [open_one] = [e for e in opened if e.tool_call_id == blind]
     async with sessions() as session, session.begin():
         await escalations.acknowledge(session, open_one.escalation_id, actor=BOB)
     async with sessions() as session, session.begin():
         await escalations.resolve(
-            session, open_one.escalation_id, finding=escalations.Finding.CONFIRMED_FAILURE,
+            session, open_one.escalation_id, finding=Finding.CONFIRMED_FAILURE,
             reason="provider says no", actor=BOB,
         )  # fmt: skip
 

@@ -21,13 +21,8 @@ from dispatcher.errors import (
     ToolCallIdConflict,
     ValidationFailed,
 )
-from dispatcher.intake.service import (
-    DEFAULT_DISPATCH_TOPIC,
-    Submission,
-    SubmitRequest,
-    submit,
-    submit_many,
-)
+from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC, submit, submit_many
+from dispatcher.schemas import Submission, SubmitRequest
 
 pytestmark = pytest.mark.postgres
 

@@ -28,9 +28,8 @@ from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.db.tables import execution_events, tool_calls
 from dispatcher.errors import ServiceUnavailable, ToolCallNotFound, ValidationFailed
 from dispatcher.intake.batcher import IntakeBatcher
-from dispatcher.intake.service import SubmitRequest
 from dispatcher.metrics import INTAKE_SUBMISSIONS
-from dispatcher.schemas import EventView, ToolCallView
+from dispatcher.schemas import EventView, SubmitRequest, ToolCallView
 from dispatcher.settings import Settings
 from dispatcher.states import SETTLED_STATES
 

@@ -13,7 +13,7 @@ from dispatcher.api.auth import ApiKeyAuth
 from dispatcher.api.bodies import parse_body
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control import approvals
-from dispatcher.control.approvals import ApprovalStatus, DecisionRequest
+from dispatcher.schemas import ApprovalStatus, DecisionRequest
 from dispatcher.settings import Settings
 
 JSON = "application/json"

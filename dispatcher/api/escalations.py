@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.api.auth import ApiKeyAuth
 from dispatcher.api.bodies import parse_body
 from dispatcher.control import escalations
-from dispatcher.control.escalations import EscalationStatus, ResolveRequest
+from dispatcher.schemas import EscalationStatus, ResolveRequest
 from dispatcher.settings import Settings
 
 JSON = "application/json"

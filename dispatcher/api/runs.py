@@ -13,8 +13,7 @@ from dispatcher.api.bodies import parse_body
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control import retry as control
 from dispatcher.control import runs
-from dispatcher.control.retry import RetryRequest
-from dispatcher.control.runs import StopRequest
+from dispatcher.schemas import RetryRequest, StopRequest
 from dispatcher.settings import Settings
 from dispatcher.views.run_view import load_run_view
 
@@ -54,7 +53,7 @@ def add_run_routes(
                 registry=registry,
                 events_topic=settings.events_topic,
             )
-        return Response(json.dumps(outcome.as_json()), media_type=JSON)
+        return Response(json.dumps(outcome.model_dump(by_alias=True, mode="json")), media_type=JSON)
 
     @app.post("/v1/tool-calls/{tool_call_id}/retry")
     async def retry(tool_call_id: str, request: Request) -> Response:

@@ -28,12 +28,8 @@ nobody refused it: ``rejected`` is kept for a human's refusal.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from datetime import datetime
-from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -52,60 +48,14 @@ from dispatcher.errors import (
     RunStopped,
     SelfApprovalForbidden,
 )
-from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC, dispatch_command, fingerprint
+from dispatcher.intake.keys import fingerprint
+from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC, dispatch_command
 from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC, CallContext, EventType
 from dispatcher.ledger.transitions import BulkMove, move, move_many
+from dispatcher.schemas import ApprovalStatus, ApprovalView, DecisionRequest
 from dispatcher.states import ExecutionStatus as S
 
 PRODUCER = "tool-dispatcher.approvals"
-
-
-class ApprovalStatus(StrEnum):
-    PENDING = "pending"
-    """Waiting for a human."""
-    APPROVED = "approved"
-    """A human approved; the call was authorized."""
-    REJECTED = "rejected"
-    """A human refused; the call was rejected."""
-    EXPIRED = "expired"
-    """Nobody decided in time; the call was cancelled."""
-    CANCELLED = "cancelled"
-    """The run was stopped first; the call was cancelled."""
-
-
-class DecisionRequest(BaseModel):
-    """The body of ``POST /v1/approvals/{approvalId}/decision``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    decision: Literal["approve", "reject"]
-    reason: str = Field(default="", max_length=2000)
-
-
-class ApprovalView(BaseModel):
-    """An approval as the API shows it."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
-
-    approval_id: str
-    tool_call_id: str
-    run_id: str
-    capability_id: str
-    risk: str
-    status: ApprovalStatus
-    policy_version: int
-    input_hash: str
-    requested_by: str | None
-    expires_at: datetime
-    created_at: datetime
-    closed_at: datetime | None
-    decision: str | None
-    decided_by: str | None
-    decision_reason: str | None
-
-    @classmethod
-    def of(cls, row: Mapping[Any, Any]) -> ApprovalView:
-        return cls.model_validate({name: row[name] for name in cls.model_fields})
 
 
 async def list_approvals(

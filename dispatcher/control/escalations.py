@@ -19,11 +19,8 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
 from sqlalchemy import case, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -37,6 +34,7 @@ from dispatcher.ledger.events import (
     record_events,
 )
 from dispatcher.ledger.transitions import move
+from dispatcher.schemas import EscalationStatus, EscalationView, Finding
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
 from outbox_relay import OutboxMessage
@@ -45,26 +43,6 @@ DEFAULT_ESCALATIONS_TOPIC = "tool-dispatcher.escalations"
 OPENED = "tool.call.escalation.opened"
 RESOLVED = "tool.call.escalation.resolved"
 PRODUCER = "tool-dispatcher.operator"
-
-
-class Finding(StrEnum):
-    """What an operator established about an escalated call's effect."""
-
-    CONFIRMED_SUCCESS = "confirmed_success"
-    """The effect happened: the call is ``confirmed`` (verification confirmed_success)."""
-    CONFIRMED_FAILURE = "confirmed_failure"
-    """The effect did not happen: ``confirmed`` (verification confirmed_failure)."""
-    COMPENSATED = "compensated"
-    """The effect happened and has been undone: ``compensated``."""
-
-
-class EscalationStatus(StrEnum):
-    OPEN = "open"
-    """Waiting for someone to look at it."""
-    ACKNOWLEDGED = "acknowledged"
-    """Someone owns it."""
-    RESOLVED = "resolved"
-    """Settled by an operator's finding; final."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,40 +59,6 @@ class Actor:
 
     def as_payload(self) -> dict[str, Any]:
         return {"name": self.name, "tenant": self.tenant, "via": self.via}
-
-
-class ResolveRequest(BaseModel):
-    """The body of ``POST /v1/escalations/{id}/resolve``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    finding: Finding
-    reason: str = Field(min_length=1, max_length=2000)
-
-
-class EscalationView(BaseModel):
-    """An escalation as the API, the CLI and the escalations topic show it."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
-
-    escalation_id: str
-    tool_call_id: str
-    tenant: str
-    episode: int
-    status: EscalationStatus
-    reason: str
-    evidence: dict[str, Any]
-    created_at: datetime
-    acknowledged_at: datetime | None
-    acknowledged_by: str | None
-    resolved_at: datetime | None
-    resolved_by: str | None
-    finding: Finding | None
-    resolution_reason: str | None
-
-    @classmethod
-    def of(cls, row: Mapping[Any, Any]) -> EscalationView:
-        return cls.model_validate({name: row[name] for name in cls.model_fields})
 
 
 def resolution_commands(escalation_id: str) -> dict[str, list[str]]:

@@ -18,14 +18,9 @@ settles the call. Calls in flight otherwise finish and are recorded as usual.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
-from sqlalchemy import bindparam, func, select, text, update
+from sqlalchemy import Row, bindparam, func, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -37,6 +32,7 @@ from dispatcher.db.tables import approvals, runs, tool_calls
 from dispatcher.errors import CapabilityNotFound
 from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC, EventType, record_events, run_event_row
 from dispatcher.ledger.transitions import BulkMove, move_many
+from dispatcher.schemas import StopResult
 from dispatcher.states import ExecutionStatus as S
 
 PRODUCER = "tool-dispatcher.operator"
@@ -44,49 +40,6 @@ QUEUED = (S.PROPOSED, S.AUTHORIZED)
 """Not dispatched yet: a stop cancels these."""
 IN_FLIGHT = (S.DISPATCHING, S.ACCEPTED, S.RESULT_UNKNOWN)
 """Maybe acting at the provider: a stop lets these finish (or asks to compensate)."""
-
-
-class StopRequest(BaseModel):
-    """The body of ``POST /v1/runs/{runId}/stop``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    reason: str = Field(default="", max_length=2000)
-
-
-class RunRecord(BaseModel):
-    """A run's row: whether, when, by whom and why it was stopped."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
-
-    run_id: str
-    stopped_at: datetime | None
-    stopped_by: str | None
-    reason: str | None
-
-    @classmethod
-    def of(cls, row: Mapping[Any, Any]) -> RunRecord:
-        return cls.model_validate({name: row[name] for name in cls.model_fields})
-
-
-@dataclass(frozen=True, slots=True)
-class StopOutcome:
-    """What a stop did; ``already_stopped`` means an earlier stop did it all."""
-
-    run: RunRecord
-    already_stopped: bool
-    cancelled: list[str] = field(default_factory=list)
-    compensation_requested: list[str] = field(default_factory=list)
-    in_flight: list[str] = field(default_factory=list)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            **self.run.model_dump(by_alias=True, mode="json"),
-            "alreadyStopped": self.already_stopped,
-            "cancelled": self.cancelled,
-            "compensationRequested": self.compensation_requested,
-            "inFlight": self.in_flight,
-        }
 
 
 # Both functions are in migration 0005, which says how the lock is keyed.
@@ -115,7 +68,7 @@ async def stop_run(
     reason: str,
     registry: CapabilityRegistry,
     events_topic: str | None = DEFAULT_EVENTS_TOPIC,
-) -> StopOutcome:
+) -> StopResult:
     """Stop the run in the caller's transaction (see the module docstring). A run
     nobody has heard of yet can be stopped too: its calls will be refused."""
     await session.execute(_LOCK_EXCLUSIVE, {"tenant": tenant, "run_id": run_id})
@@ -125,7 +78,7 @@ async def stop_run(
     where = (runs.c.tenant == tenant, runs.c.run_id == run_id)
     current = (await session.execute(select(runs).where(*where))).one()
     if current.stopped_at is not None:
-        return StopOutcome(RunRecord.of(current._mapping), already_stopped=True)
+        return _result(current, already_stopped=True)
     stopped = (
         await session.execute(
             update(runs)
@@ -213,10 +166,17 @@ async def stop_run(
                 events_topic=events_topic,
             )
             compensate.append(call_id)
-    return StopOutcome(
-        RunRecord.of(stopped._mapping),
+    return _result(
+        stopped,
         already_stopped=False,
         cancelled=sorted(cancelled_ids),
         compensation_requested=compensate,
         in_flight=[call_id for call_id, _ in flying],
+    )
+
+
+def _result(run: Row[Any], **done: Any) -> StopResult:
+    return StopResult.model_validate(
+        {name: run._mapping[name] for name in ("run_id", "stopped_at", "stopped_by", "reason")}
+        | done
     )
