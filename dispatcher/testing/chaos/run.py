@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import secrets
 import shutil
 import tempfile
@@ -19,7 +18,7 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dispatcher.db.engine import engine_for
-from dispatcher.settings import Settings, hash_api_key
+from dispatcher.settings import Settings, environment_without_settings, hash_api_key
 from dispatcher.testing.chaos.checker import INVARIANTS, check, gather, unsettled_count
 from dispatcher.testing.chaos.faults import Injector
 from dispatcher.testing.chaos.infra import Infrastructure, infrastructure
@@ -120,11 +119,6 @@ def chaos_env(
     }
 
 
-def _base_env() -> dict[str, str]:
-    # The run's settings only: nothing of the caller's TOOL_DISPATCHER_* leaks in.
-    return {k: v for k, v in os.environ.items() if not k.startswith("TOOL_DISPATCHER_")}
-
-
 async def run_chaos(options: ChaosOptions, settings: Settings) -> ChaosReport:
     started = time.monotonic()
     # Kept short ($TMPDIR, default /tmp): the embedded server's Unix socket lives in
@@ -152,7 +146,11 @@ async def _run(
     (work / "logs").mkdir()
     api_key = "tdk_chaos_" + secrets.token_urlsafe(16)
     tag = f"{options.seed}-{secrets.token_hex(3)}"
-    env = {**_base_env(), **chaos_env(work, infra, api_port=api_port, api_key=api_key, tag=tag)}
+    # The run's settings only: nothing of the caller's TOOL_DISPATCHER_* leaks in.
+    env = {
+        **environment_without_settings(),
+        **chaos_env(work, infra, api_port=api_port, api_key=api_key, tag=tag),
+    }
     infra.topics = Settings(
         kafka_bootstrap=infra.kafka_bootstrap,
         dispatch_topic=env["TOOL_DISPATCHER_DISPATCH_TOPIC"],
