@@ -39,7 +39,6 @@ from reconciler.lookup import (
     ProviderLookup,
     Reversal,
     lookup_urls,
-    remember_missing_sniffio,
 )
 from reconciler.policy import (
     Decision,
@@ -123,7 +122,6 @@ class Reconciler:
         secrets: dict[str, str] | None = None,
     ) -> None:
         self.owner = owner or new_reconciler_id()
-        remember_missing_sniffio()
         self._sessions = sessions
         self._registry = registry
         self._lookup = ProviderLookup(http, secrets)

@@ -6,9 +6,8 @@ rebuilds exactly the same answer. Nothing here is stored; the view may change sh
 with the UI, the facts do not.
 
 Execution status comes from each transition event's ``to`` (intake's own two events
-say ``proposed`` / ``authorized``). Verification status is taken from an event's
-``verification`` field when it carries one, else inferred from the event type and
-what its payload says the provider answered (see :func:`_verification`).
+say ``proposed`` / ``authorized``). Verification status is inferred from the event
+type and what its payload says the provider answered (see :func:`_verification`).
 """
 
 from __future__ import annotations
@@ -108,9 +107,6 @@ def _status(event: EventView, current: S | None) -> S | None:
 
 def _verification(event: EventView, current: V) -> V:
     payload = event.payload
-    told = payload.get("verification")
-    if isinstance(told, str):
-        return V(told)
     kind = event.event_type
     if kind in (EventType.TOOL_CALL_REQUESTED, EventType.TOOL_CALL_RETRIED):
         return V.NOT_OBSERVED
