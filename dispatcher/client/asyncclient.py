@@ -11,7 +11,7 @@ from dispatcher.client.problems import WaitTimedOut, error_from
 from dispatcher.schemas import ApprovalView, StopResult, Submission, SubmitRequest, ToolCallView
 from dispatcher.states import SETTLED_STATES
 
-# The server holds one long-poll at most this long (dispatcher.api.app.MAX_WAIT_SECONDS);
+# The server holds one long-poll at most this long (dispatcher.api.tool_calls.MAX_WAIT_SECONDS);
 # a longer wait is several polls in a row.
 POLL_SECONDS = 20.0
 

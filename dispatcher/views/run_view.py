@@ -23,7 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import execution_events
-from dispatcher.errors import RunNotFound
+from dispatcher.errors import RunNotFound, ValidationFailed
 from dispatcher.ledger.events import EventType
 from dispatcher.schemas import EventView
 from dispatcher.states import ExecutionStatus as S
@@ -216,13 +216,28 @@ def fold_run(run_id: str, events: Iterable[EventView]) -> RunView:
     )
 
 
-async def run_events(session: AsyncSession, tenant: str, run_id: str) -> list[EventView]:
-    """The run's whole event log, in order."""
-    rows = await session.execute(
-        select(execution_events)
-        .where(execution_events.c.tenant == tenant, execution_events.c.run_id == run_id)
-        .order_by(execution_events.c.seq)
-    )
+async def run_events(
+    session: AsyncSession,
+    tenant: str,
+    run_id: str,
+    *,
+    after: str | None = None,
+    limit: int | None = None,
+) -> list[EventView]:
+    """The run's event log in order: all of it, or up to ``limit`` events after the
+    event ``after`` (:class:`ValidationFailed` if the run has no such event)."""
+    mine = (execution_events.c.tenant == tenant, execution_events.c.run_id == run_id)
+    query = select(execution_events).where(*mine)
+    if after is not None:
+        cursor = (
+            await session.execute(
+                select(execution_events.c.seq).where(execution_events.c.event_id == after, *mine)
+            )
+        ).scalar_one_or_none()
+        if cursor is None:
+            raise ValidationFailed(f"no event {after!r} in this run", after=after)
+        query = query.where(execution_events.c.seq > cursor)
+    rows = await session.execute(query.order_by(execution_events.c.seq).limit(limit))
     return [EventView.of(r._mapping) for r in rows]
 
 
