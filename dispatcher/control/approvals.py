@@ -99,23 +99,7 @@ async def decide(
     """
     if "approve" not in scopes:
         raise Forbidden("this API key lacks the 'approve' scope", scope="approve")
-    mine = (approvals.c.approval_id == approval_id, approvals.c.tenant == tenant)
-    run_id = (await session.execute(select(approvals.c.run_id).where(*mine))).scalar_one_or_none()
-    if run_id is None:
-        raise ApprovalNotFound(approval_id)
-    # The run first, like the stop command: see dispatcher.control.runs.lock_run.
-    run_stopped = await lock_run(session, tenant, run_id)
-    found = (
-        await session.execute(
-            select(approvals, (approvals.c.expires_at <= func.now()).label("lapsed"))
-            .where(*mine)
-            .with_for_update(of=approvals)
-        )
-    ).first()
-    if found is None:
-        raise ApprovalNotFound(approval_id)
-    current = ApprovalView.of(found._mapping)
-    _still_open(current, lapsed=bool(found.lapsed))
+    current, run_stopped = await _lock_open(session, approval_id, tenant)
     call = (
         await session.execute(
             select(tool_calls)
@@ -147,6 +131,54 @@ async def decide(
             "by": actor.as_payload(),
         },
     )
+    closed_row = await _close(session, approval_id, closed, request, actor)
+    if approving:
+        await session.execute(
+            insert(outbox).values(
+                dispatch_command(
+                    CallContext.of(moved._mapping),
+                    moved.idempotency_key,
+                    topic=dispatch_topic,
+                    causation_id=await last_event_id(session, current.tool_call_id),
+                )
+            )
+        )
+    return closed_row
+
+
+async def _lock_open(
+    session: AsyncSession, approval_id: str, tenant: str
+) -> tuple[ApprovalView, bool]:
+    """The tenant's approval, locked and still open to a decision, and whether its run
+    is stopped (the run's lock is held from here on)."""
+    mine = (approvals.c.approval_id == approval_id, approvals.c.tenant == tenant)
+    run_id = (await session.execute(select(approvals.c.run_id).where(*mine))).scalar_one_or_none()
+    if run_id is None:
+        raise ApprovalNotFound(approval_id)
+    # The run first, like the stop command: see dispatcher.control.runs.lock_run.
+    run_stopped = await lock_run(session, tenant, run_id)
+    found = (
+        await session.execute(
+            select(approvals, (approvals.c.expires_at <= func.now()).label("lapsed"))
+            .where(*mine)
+            .with_for_update(of=approvals)
+        )
+    ).first()
+    if found is None:
+        raise ApprovalNotFound(approval_id)
+    current = ApprovalView.of(found._mapping)
+    _still_open(current, lapsed=bool(found.lapsed))
+    return current, run_stopped
+
+
+async def _close(
+    session: AsyncSession,
+    approval_id: str,
+    closed: ApprovalStatus,
+    request: DecisionRequest,
+    actor: Actor,
+) -> ApprovalView:
+    """Record the decision on the (still pending) approval row."""
     row = (
         await session.execute(
             update(approvals)
@@ -164,17 +196,6 @@ async def decide(
             .returning(*approvals.c)
         )
     ).one()
-    if approving:
-        await session.execute(
-            insert(outbox).values(
-                dispatch_command(
-                    CallContext.of(moved._mapping),
-                    moved.idempotency_key,
-                    topic=dispatch_topic,
-                    causation_id=await last_event_id(session, current.tool_call_id),
-                )
-            )
-        )
     return ApprovalView.of(row._mapping)
 
 

@@ -127,18 +127,6 @@ async def escalate(
         payload={"reason": reason, "escalationId": escalation_id},
     )
     call = row._mapping
-    history = (
-        await session.execute(
-            select(
-                execution_events.c.event_type,
-                execution_events.c.occurred_at,
-                execution_events.c.producer,
-                execution_events.c.payload,
-            )
-            .where(execution_events.c.tool_call_id == tool_call_id)
-            .order_by(execution_events.c.seq)
-        )
-    ).all()
     episode = (
         await session.execute(
             select(func.count()).where(escalations.c.tool_call_id == tool_call_id)
@@ -151,34 +139,7 @@ async def escalate(
         "episode": episode,
         "status": EscalationStatus.OPEN.value,
         "reason": reason,
-        "evidence": {
-            "call": {
-                "toolCallId": tool_call_id,
-                "tenant": call["tenant"],
-                "runId": call["run_id"],
-                "capabilityId": call["capability_id"],
-                "idempotencyKey": call["idempotency_key"],
-                "externalRequestId": call["external_request_id"],
-                "input": call["input"],
-                "dispatchAttempts": call["dispatch_attempts"],
-                "reconcileAttempts": call["reconcile_attempts"],
-                "dispatchedAt": _iso(call["dispatched_at"]),
-                "createdAt": _iso(call["created_at"]),
-                "compensationRequestedAt": _iso(call["compensation_requested_at"]),
-            },
-            "lastError": call["last_error"],
-            **dict(evidence),
-            "history": [
-                {
-                    "eventType": h.event_type,
-                    "occurredAt": _iso(h.occurred_at),
-                    "producer": h.producer,
-                    "payload": h.payload,
-                }
-                for h in history
-            ],
-            "commands": resolution_commands(escalation_id),
-        },
+        "evidence": await _evidence(session, escalation_id, call, evidence),
     }
     stored = (
         await session.execute(insert(escalations).values(record).returning(*escalations.c))
@@ -186,6 +147,56 @@ async def escalate(
     view = EscalationView.of(stored._mapping)
     await _publish(session, view, OPENED, escalations_topic)
     return view
+
+
+async def _evidence(
+    session: AsyncSession,
+    escalation_id: str,
+    call: Mapping[Any, Any],
+    given: Mapping[str, Any],
+) -> dict[str, Any]:
+    """What an on-call engineer needs to settle the call: the call, ``given`` (the
+    caller's own evidence), the call's whole event history and the resolving commands."""
+    history = (
+        await session.execute(
+            select(
+                execution_events.c.event_type,
+                execution_events.c.occurred_at,
+                execution_events.c.producer,
+                execution_events.c.payload,
+            )
+            .where(execution_events.c.tool_call_id == call["tool_call_id"])
+            .order_by(execution_events.c.seq)
+        )
+    ).all()
+    return {
+        "call": {
+            "toolCallId": call["tool_call_id"],
+            "tenant": call["tenant"],
+            "runId": call["run_id"],
+            "capabilityId": call["capability_id"],
+            "idempotencyKey": call["idempotency_key"],
+            "externalRequestId": call["external_request_id"],
+            "input": call["input"],
+            "dispatchAttempts": call["dispatch_attempts"],
+            "reconcileAttempts": call["reconcile_attempts"],
+            "dispatchedAt": _iso(call["dispatched_at"]),
+            "createdAt": _iso(call["created_at"]),
+            "compensationRequestedAt": _iso(call["compensation_requested_at"]),
+        },
+        "lastError": call["last_error"],
+        **dict(given),
+        "history": [
+            {
+                "eventType": h.event_type,
+                "occurredAt": _iso(h.occurred_at),
+                "producer": h.producer,
+                "payload": h.payload,
+            }
+            for h in history
+        ],
+        "commands": resolution_commands(escalation_id),
+    }
 
 
 async def list_escalations(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Row, bindparam, func, select, text, update
+from sqlalchemy import ColumnElement, Row, bindparam, func, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -71,12 +71,8 @@ async def stop_run(
 ) -> StopResult:
     """Stop the run in the caller's transaction (see the module docstring). A run
     nobody has heard of yet can be stopped too: its calls will be refused."""
-    await session.execute(_LOCK_EXCLUSIVE, {"tenant": tenant, "run_id": run_id})
-    await session.execute(
-        pg_insert(runs).values(tenant=tenant, run_id=run_id).on_conflict_do_nothing()
-    )
+    current = await _take_run(session, tenant, run_id)
     where = (runs.c.tenant == tenant, runs.c.run_id == run_id)
-    current = (await session.execute(select(runs).where(*where))).one()
     if current.stopped_at is not None:
         return _result(current, already_stopped=True)
     stopped = (
@@ -103,15 +99,7 @@ async def stop_run(
     )
     # Lock order run -> approvals -> calls, as the expiry sweeper (approvals -> calls,
     # SKIP LOCKED) and a decision (run -> approval -> call) take them: no deadlock.
-    await session.execute(
-        select(approvals.c.approval_id)
-        .where(
-            approvals.c.tenant == tenant,
-            approvals.c.run_id == run_id,
-            approvals.c.status == "pending",
-        )
-        .with_for_update()
-    )
+    await _lock_pending_approvals(session, tenant, run_id)
     in_run = (tool_calls.c.tenant == tenant, tool_calls.c.run_id == run_id)
     queued = (
         await session.execute(
@@ -138,12 +126,62 @@ async def stop_run(
         events_topic=events_topic,
     )
     cancelled_ids = [row.tool_call_id for row in cancelled]
-    if cancelled_ids:
+    await _close_approvals(session, cancelled_ids)
+    flying, compensate = await _compensate_in_flight(
+        session, in_run, reason=reason, registry=registry, events_topic=events_topic
+    )
+    return _result(
+        stopped,
+        already_stopped=False,
+        cancelled=sorted(cancelled_ids),
+        compensation_requested=compensate,
+        in_flight=flying,
+    )
+
+
+async def _take_run(session: AsyncSession, tenant: str, run_id: str) -> Row[Any]:
+    """The run's row (written if the run was never stopped), under the run's lock held
+    exclusive until the caller commits."""
+    await session.execute(_LOCK_EXCLUSIVE, {"tenant": tenant, "run_id": run_id})
+    await session.execute(
+        pg_insert(runs).values(tenant=tenant, run_id=run_id).on_conflict_do_nothing()
+    )
+    where = (runs.c.tenant == tenant, runs.c.run_id == run_id)
+    return (await session.execute(select(runs).where(*where))).one()
+
+
+async def _close_approvals(session: AsyncSession, cancelled: list[str]) -> None:
+    """Close the pending approvals of calls the stop cancelled."""
+    if cancelled:
         await session.execute(
             update(approvals)
-            .where(approvals.c.tool_call_id.in_(cancelled_ids), approvals.c.status == "pending")
+            .where(approvals.c.tool_call_id.in_(cancelled), approvals.c.status == "pending")
             .values(status="cancelled", closed_at=func.now())
         )
+
+
+async def _lock_pending_approvals(session: AsyncSession, tenant: str, run_id: str) -> None:
+    await session.execute(
+        select(approvals.c.approval_id)
+        .where(
+            approvals.c.tenant == tenant,
+            approvals.c.run_id == run_id,
+            approvals.c.status == "pending",
+        )
+        .with_for_update()
+    )
+
+
+async def _compensate_in_flight(
+    session: AsyncSession,
+    in_run: tuple[ColumnElement[bool], ...],
+    *,
+    reason: str,
+    registry: CapabilityRegistry,
+    events_topic: str | None,
+) -> tuple[list[str], list[str]]:
+    """The run's calls in flight, and those of them marked for compensation (their
+    capability says ``onRunStopped = "compensate"``)."""
     flying = (
         await session.execute(
             select(tool_calls.c.tool_call_id, tool_calls.c.capability_id)
@@ -166,13 +204,7 @@ async def stop_run(
                 events_topic=events_topic,
             )
             compensate.append(call_id)
-    return _result(
-        stopped,
-        already_stopped=False,
-        cancelled=sorted(cancelled_ids),
-        compensation_requested=compensate,
-        in_flight=[call_id for call_id, _ in flying],
-    )
+    return [call_id for call_id, _ in flying], compensate
 
 
 def _result(run: Row[Any], **done: Any) -> StopResult:
