@@ -32,7 +32,8 @@ from bench.sandbox import measure, start_sandbox  # noqa: E402
 from dispatcher.capabilities import load_registry  # noqa: E402
 from dispatcher.db import migrate  # noqa: E402
 from dispatcher.db.engine import engine_for, session_factory  # noqa: E402
-from dispatcher.intake.service import SubmitRequest, submit_many  # noqa: E402
+from dispatcher.intake.service import submit_many  # noqa: E402  # noqa: E402
+from dispatcher.schemas import SubmitRequest  # noqa: E402
 from dispatcher.settings import Topics  # noqa: E402
 from dispatcher.testing.embedded import Tansu, free_port  # noqa: E402
 from tests.services import with_database  # noqa: E402

@@ -54,7 +54,9 @@ from bench.harness import (
 )
 from dispatcher.db import migrate
 from dispatcher.db.engine import create_engine, session_factory
-from dispatcher.intake.service import SubmitRequest, fingerprint, submit
+from dispatcher.intake.keys import fingerprint
+from dispatcher.intake.service import submit
+from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import Settings, hash_api_key
 from dispatcher.testing.embedded import free_port, wait_for_port
 from dispatcher.testing.registries import sandbox_registry

@@ -1,18 +1,20 @@
 """Service settings: loaded once at the entry point, then passed down.
 
-Only this module reads the environment (prefix ``TOOL_DISPATCHER_``); every other
-module receives a :class:`Settings` instance.
+Only this module reads the environment (prefix ``TOOL_DISPATCHER_``; ruff's banned-API
+rule TID251 keeps it so); every other module receives a :class:`Settings` instance.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Scope = Literal["submit", "read", "approve", "operate"]
@@ -32,6 +34,17 @@ def hash_api_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def _seconds(value: object) -> object:
+    # A section's value arrives as text, and pydantic reads a timedelta from text only
+    # in ISO 8601 ("PT1H"): a plain number of seconds is taken as one.
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Topics:
     """The Kafka topics tool-dispatcher writes (:meth:`Settings.topics`): dispatch
@@ -45,10 +58,41 @@ class Topics:
 DEFAULT_TOPICS = Topics()
 
 
-class Settings(BaseSettings):
-    """Everything configurable; ``TOOL_DISPATCHER_<FIELD>`` in the environment."""
+class RelaySettings(BaseModel):
+    """How `tool-dispatcher relay` (and the relay `up` runs) publishes the outbox:
+    ``TOOL_DISPATCHER_RELAY__<FIELD>``, each the :class:`outbox_relay.RelayConfig` field
+    of the same name, which validates it; unset means the relay's own default.
 
-    model_config = SettingsConfigDict(env_prefix="TOOL_DISPATCHER_", extra="ignore")
+    The database, the broker and idempotence are the top-level settings; the table and
+    the topics are the dispatcher's own (its migrations, ``*_topic``), so the relay has
+    no say in them.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    relay_id: str | None = None
+    batch_size: int | None = None
+    poll_interval: float | None = None
+    lease_ttl: float | None = None
+    # Seconds, or an ISO 8601 duration (``PT24H``).
+    retention: Annotated[timedelta | None, BeforeValidator(_seconds)] = None
+    retention_interval: float | None = None
+    retention_batch: int | None = None
+    metrics_interval: float | None = None
+    backoff_initial: float | None = None
+    backoff_max: float | None = None
+    request_timeout_ms: int | None = None
+    max_message_bytes: int | None = None
+    linger_ms: int | None = None
+
+
+class Settings(BaseSettings):
+    """Everything configurable; ``TOOL_DISPATCHER_<FIELD>`` in the environment, and
+    ``TOOL_DISPATCHER_<SECTION>__<FIELD>`` for a section's field."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TOOL_DISPATCHER_", env_nested_delimiter="__", extra="ignore"
+    )
 
     # None means "start an embedded one" (the `up` / `demo` commands do that).
     database_url: str | None = None
@@ -108,6 +152,8 @@ class Settings(BaseSettings):
 
     approval_sweep_interval_seconds: float = Field(default=30.0, gt=0)
 
+    relay: RelaySettings = Field(default_factory=RelaySettings)
+
     dispatch_topic: str = DEFAULT_TOPICS.dispatch
     events_topic: str = DEFAULT_TOPICS.events
     escalations_topic: str = DEFAULT_TOPICS.escalations
@@ -144,3 +190,9 @@ def to_sqlalchemy_url(url: str) -> str:
 def load_settings(overrides: Mapping[str, Any] | None = None) -> Settings:
     """Build settings from the environment, with explicit overrides winning (tests use these)."""
     return Settings(**dict(overrides or {}))
+
+
+def environment_without_settings() -> dict[str, str]:
+    """This process's environment minus every ``TOOL_DISPATCHER_*`` variable: the base
+    of a child process's environment whose settings the caller gives it explicitly."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("TOOL_DISPATCHER_")}

@@ -19,6 +19,139 @@ from psycopg import sql
 
 from outbox_relay.table import lanes_table_name, notify_channel, relays_table_name
 
+# Each statement by name; ``{t}``, ``{lanes}`` and ``{relays}`` stand for the outbox's
+# table and its lane and relay tables.
+_STATEMENTS: dict[str, str] = {
+    # Rows of the lanes this relay holds an unexpired lease on, in id order.
+    # The lease test sits in the same statement as the read, so a relay whose
+    # lease lapsed reads nothing. No row locks: a lane has one owner, and a
+    # second owner during a lease overlap only duplicates, in the same order.
+    # A key with a dead-lettered row publishes nothing until an operator
+    # retries or discards it, so the key's order survives the failure.
+    "claim": (
+        """
+        SELECT o.id, o.topic, o.key, o.payload::text, o.headers, o.created_at
+        FROM {t} o
+        WHERE o.published_at IS NULL
+          AND o.dead_lettered_at IS NULL
+          AND o.lane = ANY (ARRAY(
+              SELECT l.lane FROM {lanes} l
+              WHERE l.owner = %(owner)s AND l.expires_at > now()))
+          AND NOT EXISTS (
+              SELECT 1 FROM {t} d
+              WHERE d.key = o.key AND d.dead_lettered_at IS NOT NULL)
+        ORDER BY o.id
+        LIMIT %(limit)s
+        """
+    ),
+    "mark_published": (
+        "UPDATE {t} SET published_at = now() WHERE id = ANY(%(ids)s) AND published_at IS NULL"
+    ),
+    "dead_letter": (
+        "UPDATE {t} SET dead_lettered_at = now(), attempts = attempts + 1, "
+        "last_error = %(error)s WHERE id = %(id)s AND published_at IS NULL"
+    ),
+    "record_failure": (
+        "UPDATE {t} SET attempts = attempts + 1, last_error = %(error)s "
+        "WHERE id = %(id)s AND published_at IS NULL"
+    ),
+    "heartbeat": (
+        """
+        INSERT INTO {relays} (relay_id, heartbeat_at, expires_at)
+        VALUES (%(owner)s, now(), now() + make_interval(secs => %(ttl)s))
+        ON CONFLICT (relay_id) DO UPDATE
+        SET heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at
+        """
+    ),
+    "leave": (
+        "DELETE FROM {relays} WHERE relay_id = %(owner)s OR expires_at < now() - interval '1 hour'"
+    ),
+    # Renewing a lapsed lease is safe as long as nobody took the lane meanwhile:
+    # then nobody else published from it either.
+    "renew": (
+        """
+        UPDATE {lanes}
+        SET expires_at = now() + make_interval(secs => %(ttl)s), heartbeat_at = now()
+        WHERE owner = %(owner)s
+        RETURNING lane
+        """
+    ),
+    "live_relays": "SELECT count(*) FROM {relays} WHERE expires_at > now()",
+    "lane_count": "SELECT count(*) FROM {lanes}",
+    "take_lanes": (
+        """
+        UPDATE {lanes}
+        SET owner = %(owner)s, epoch = epoch + 1, heartbeat_at = now(),
+            expires_at = now() + make_interval(secs => %(ttl)s)
+        WHERE lane IN (
+            SELECT lane FROM {lanes}
+            WHERE owner IS NULL OR expires_at <= now()
+            ORDER BY lane
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED)
+          AND (owner IS NULL OR expires_at <= now())
+        RETURNING lane
+        """
+    ),
+    "release_lanes": (
+        "UPDATE {lanes} SET owner = NULL, expires_at = NULL "
+        "WHERE owner = %(owner)s AND lane = ANY(%(lanes)s)"
+    ),
+    "release_all": ("UPDATE {lanes} SET owner = NULL, expires_at = NULL WHERE owner = %(owner)s"),
+    "backlog": (
+        """
+        SELECT count(*) FILTER (WHERE dead_lettered_at IS NULL),
+               min(created_at) FILTER (WHERE dead_lettered_at IS NULL),
+               count(*) FILTER (WHERE dead_lettered_at IS NOT NULL)
+        FROM {t} WHERE published_at IS NULL
+        """
+    ),
+    "blocked": (
+        """
+        SELECT d.id, d.key, count(o.id)
+        FROM {t} d
+        JOIN {t} o ON o.key = d.key AND o.published_at IS NULL
+                  AND o.dead_lettered_at IS NULL
+        WHERE d.dead_lettered_at IS NOT NULL
+          AND d.id = (SELECT min(id) FROM {t} x
+                      WHERE x.key = d.key AND x.dead_lettered_at IS NOT NULL)
+        GROUP BY d.id, d.key
+        ORDER BY d.id
+        """
+    ),
+    # Bounded batches, oldest first; SKIP LOCKED lets several relays purge at once.
+    "purge": (
+        """
+        DELETE FROM {t} WHERE id IN (
+            SELECT id FROM {t}
+            WHERE published_at IS NOT NULL AND published_at < now() - %(age)s
+            ORDER BY published_at
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED)
+        """
+    ),
+    "list_dead": (
+        """
+        SELECT d.id, d.topic, d.key, d.headers ->> 'ce_id', d.attempts, d.last_error,
+               d.dead_lettered_at, d.created_at,
+               (SELECT count(*) FROM {t} o
+                WHERE o.key = d.key AND o.published_at IS NULL
+                  AND o.dead_lettered_at IS NULL)
+        FROM {t} d
+        WHERE d.dead_lettered_at IS NOT NULL
+        ORDER BY d.id
+        LIMIT %(limit)s
+        """
+    ),
+    "retry_dead": (
+        "UPDATE {t} SET dead_lettered_at = NULL, attempts = 0 "
+        "WHERE id = %(id)s AND dead_lettered_at IS NOT NULL RETURNING id"
+    ),
+    "discard_dead": (
+        "DELETE FROM {t} WHERE id = %(id)s AND dead_lettered_at IS NOT NULL RETURNING id"
+    ),
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Queries:
@@ -52,142 +185,7 @@ class Queries:
             "lanes": sql.Identifier(lanes_table_name(table)),
             "relays": sql.Identifier(relays_table_name(table)),
         }
-
-        def q(text: str) -> sql.Composed:
-            return sql.SQL(text).format(**fields)
-
         return cls(
-            # Rows of the lanes this relay holds an unexpired lease on, in id order.
-            # The lease test sits in the same statement as the read, so a relay whose
-            # lease lapsed reads nothing. No row locks: a lane has one owner, and a
-            # second owner during a lease overlap only duplicates, in the same order.
-            # A key with a dead-lettered row publishes nothing until an operator
-            # retries or discards it, so the key's order survives the failure.
-            claim=q(
-                """
-                SELECT o.id, o.topic, o.key, o.payload::text, o.headers, o.created_at
-                FROM {t} o
-                WHERE o.published_at IS NULL
-                  AND o.dead_lettered_at IS NULL
-                  AND o.lane = ANY (ARRAY(
-                      SELECT l.lane FROM {lanes} l
-                      WHERE l.owner = %(owner)s AND l.expires_at > now()))
-                  AND NOT EXISTS (
-                      SELECT 1 FROM {t} d
-                      WHERE d.key = o.key AND d.dead_lettered_at IS NOT NULL)
-                ORDER BY o.id
-                LIMIT %(limit)s
-                """
-            ),
-            mark_published=q(
-                "UPDATE {t} SET published_at = now() "
-                "WHERE id = ANY(%(ids)s) AND published_at IS NULL"
-            ),
-            dead_letter=q(
-                "UPDATE {t} SET dead_lettered_at = now(), attempts = attempts + 1, "
-                "last_error = %(error)s WHERE id = %(id)s AND published_at IS NULL"
-            ),
-            record_failure=q(
-                "UPDATE {t} SET attempts = attempts + 1, last_error = %(error)s "
-                "WHERE id = %(id)s AND published_at IS NULL"
-            ),
-            heartbeat=q(
-                """
-                INSERT INTO {relays} (relay_id, heartbeat_at, expires_at)
-                VALUES (%(owner)s, now(), now() + make_interval(secs => %(ttl)s))
-                ON CONFLICT (relay_id) DO UPDATE
-                SET heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at
-                """
-            ),
-            leave=q(
-                "DELETE FROM {relays} "
-                "WHERE relay_id = %(owner)s OR expires_at < now() - interval '1 hour'"
-            ),
-            # Renewing a lapsed lease is safe as long as nobody took the lane meanwhile:
-            # then nobody else published from it either.
-            renew=q(
-                """
-                UPDATE {lanes}
-                SET expires_at = now() + make_interval(secs => %(ttl)s), heartbeat_at = now()
-                WHERE owner = %(owner)s
-                RETURNING lane
-                """
-            ),
-            live_relays=q("SELECT count(*) FROM {relays} WHERE expires_at > now()"),
-            lane_count=q("SELECT count(*) FROM {lanes}"),
-            take_lanes=q(
-                """
-                UPDATE {lanes}
-                SET owner = %(owner)s, epoch = epoch + 1, heartbeat_at = now(),
-                    expires_at = now() + make_interval(secs => %(ttl)s)
-                WHERE lane IN (
-                    SELECT lane FROM {lanes}
-                    WHERE owner IS NULL OR expires_at <= now()
-                    ORDER BY lane
-                    LIMIT %(limit)s
-                    FOR UPDATE SKIP LOCKED)
-                  AND (owner IS NULL OR expires_at <= now())
-                RETURNING lane
-                """
-            ),
-            release_lanes=q(
-                "UPDATE {lanes} SET owner = NULL, expires_at = NULL "
-                "WHERE owner = %(owner)s AND lane = ANY(%(lanes)s)"
-            ),
-            release_all=q(
-                "UPDATE {lanes} SET owner = NULL, expires_at = NULL WHERE owner = %(owner)s"
-            ),
-            backlog=q(
-                """
-                SELECT count(*) FILTER (WHERE dead_lettered_at IS NULL),
-                       min(created_at) FILTER (WHERE dead_lettered_at IS NULL),
-                       count(*) FILTER (WHERE dead_lettered_at IS NOT NULL)
-                FROM {t} WHERE published_at IS NULL
-                """
-            ),
-            blocked=q(
-                """
-                SELECT d.id, d.key, count(o.id)
-                FROM {t} d
-                JOIN {t} o ON o.key = d.key AND o.published_at IS NULL
-                          AND o.dead_lettered_at IS NULL
-                WHERE d.dead_lettered_at IS NOT NULL
-                  AND d.id = (SELECT min(id) FROM {t} x
-                              WHERE x.key = d.key AND x.dead_lettered_at IS NOT NULL)
-                GROUP BY d.id, d.key
-                ORDER BY d.id
-                """
-            ),
-            # Bounded batches, oldest first; SKIP LOCKED lets several relays purge at once.
-            purge=q(
-                """
-                DELETE FROM {t} WHERE id IN (
-                    SELECT id FROM {t}
-                    WHERE published_at IS NOT NULL AND published_at < now() - %(age)s
-                    ORDER BY published_at
-                    LIMIT %(limit)s
-                    FOR UPDATE SKIP LOCKED)
-                """
-            ),
-            list_dead=q(
-                """
-                SELECT d.id, d.topic, d.key, d.headers ->> 'ce_id', d.attempts, d.last_error,
-                       d.dead_lettered_at, d.created_at,
-                       (SELECT count(*) FROM {t} o
-                        WHERE o.key = d.key AND o.published_at IS NULL
-                          AND o.dead_lettered_at IS NULL)
-                FROM {t} d
-                WHERE d.dead_lettered_at IS NOT NULL
-                ORDER BY d.id
-                LIMIT %(limit)s
-                """
-            ),
-            retry_dead=q(
-                "UPDATE {t} SET dead_lettered_at = NULL, attempts = 0 "
-                "WHERE id = %(id)s AND dead_lettered_at IS NOT NULL RETURNING id"
-            ),
-            discard_dead=q(
-                "DELETE FROM {t} WHERE id = %(id)s AND dead_lettered_at IS NOT NULL RETURNING id"
-            ),
+            **{name: sql.SQL(text).format(**fields) for name, text in _STATEMENTS.items()},
             listen=sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(table))),
         )

@@ -2,7 +2,8 @@
 ones nobody can settle automatically. See :mod:`reconciler.loop` for the mechanism and
 :mod:`reconciler.policy` for the decision table."""
 
-from reconciler.loop import Reconciler, Tally
+from reconciler.loop import Reconciler
+from reconciler.metrics import Tally
 from reconciler.policy import Decision, Observation, Situation, Verdict, backoff_seconds, decide
 
 __all__ = [

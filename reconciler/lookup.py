@@ -8,8 +8,6 @@ effect once.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -85,18 +83,6 @@ class CompensationAnswer:
             "httpStatus": self.http_status,
             "error": self.error,
         }
-
-
-def remember_missing_sniffio() -> None:
-    """Make httpcore's per-request ``import sniffio`` cheap when sniffio is absent.
-
-    httpcore imports sniffio each time it creates a lock (several times per request);
-    anyio 4 no longer installs it, and a failed import searches ``sys.path`` again
-    every time: measured at about two thirds of the client's CPU per lookup. Recording
-    the absence in ``sys.modules`` makes the failed import instant. Does nothing when
-    sniffio is installed."""
-    if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
-        sys.modules["sniffio"] = None  # type: ignore[assignment]
 
 
 def compensation_key(idempotency_key: str) -> str:

@@ -17,7 +17,6 @@ import logging
 import os
 import socket
 import uuid
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -42,8 +41,8 @@ from reconciler.lookup import (
     ProviderLookup,
     Reversal,
     lookup_urls,
-    remember_missing_sniffio,
 )
+from reconciler.metrics import Tally
 from reconciler.policy import (
     Decision,
     Observation,
@@ -57,43 +56,9 @@ from reconciler.settle import Finding, Retry, Writer
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = (
-    "confirmed_success",
-    "confirmed_failure",
-    "compensated",
-    "redispatched",
-    "retry_later",
-    "escalated",
-    "taken_over",
-)
-"""Outcome classes of one look at a call, as counted and printed."""
-
 
 def new_reconciler_id() -> str:
     return f"reconciler:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-@dataclass
-class Tally:
-    """Calls per outcome class."""
-
-    counts: Counter[str] = field(default_factory=Counter)
-
-    def add(self, outcome: str, n: int = 1) -> None:
-        if n:
-            self.counts[outcome] += n
-            metrics.OUTCOMES.labels(outcome).inc(n)
-
-    def merge(self, other: Tally) -> None:
-        self.counts.update(other.counts)
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    def lines(self) -> list[str]:
-        """One line per outcome class, zeros included (stable for scripts)."""
-        return [f"{outcome}: {self.counts[outcome]}" for outcome in OUTCOMES]
 
 
 @dataclass
@@ -125,7 +90,6 @@ class Reconciler:
         secrets: dict[str, str] | None = None,
     ) -> None:
         self.owner = owner or new_reconciler_id()
-        remember_missing_sniffio()
         self._sessions = sessions
         self._registry = registry
         self._lookup = ProviderLookup(http, secrets)

@@ -1,4 +1,5 @@
-"""Prometheus metrics of the reconciler (default registry).
+"""Prometheus metrics of the reconciler (default registry), and the :class:`Tally` a
+pass returns.
 
 Outcome and lookup-error counters move as calls are settled; the gauges are read from
 the database after every pass, so they describe the whole backlog rather than what
@@ -6,6 +7,9 @@ this one process saw.
 """
 
 from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Gauge
 from sqlalchemy import func, select
@@ -36,6 +40,40 @@ OPEN_ESCALATIONS = Gauge(
     "tool_dispatcher_reconciler_open_escalations",
     "Escalations not yet resolved (open or acknowledged)",
 )
+
+OUTCOME_CLASSES = (
+    "confirmed_success",
+    "confirmed_failure",
+    "compensated",
+    "redispatched",
+    "retry_later",
+    "escalated",
+    "taken_over",
+)
+"""Outcome classes of one look at a call, as counted and printed."""
+
+
+@dataclass
+class Tally:
+    """Calls per outcome class."""
+
+    counts: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def add(self, outcome: str, n: int = 1) -> None:
+        if n:
+            self.counts[outcome] += n
+            OUTCOMES.labels(outcome).inc(n)
+
+    def merge(self, other: Tally) -> None:
+        self.counts.update(other.counts)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def lines(self) -> list[str]:
+        """One line per outcome class, zeros included (stable for scripts)."""
+        return [f"{outcome}: {self.counts[outcome]}" for outcome in OUTCOME_CLASSES]
 
 
 async def refresh(sessions: async_sessionmaker[AsyncSession]) -> None:

@@ -16,11 +16,12 @@ from typing import Any
 from sqlalchemy import Float, Integer, Text, cast, column, func, update, values
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from dispatcher.control.escalations import EscalationView, escalate
+from dispatcher.control.escalations import escalate
 from dispatcher.db.tables import tool_calls
 from dispatcher.ledger.events import CallContext, EventType, event_row, record_events
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import BulkMove, Fence, move, move_many
+from dispatcher.schemas import EscalationView
 from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus

@@ -11,7 +11,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import Capability, CapabilityRegistry
 from dispatcher.db.tables import execution_events, outbox, tool_calls
-from dispatcher.intake.service import SubmitRequest, submit
+from dispatcher.intake.service import submit
+from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import Topics
 
 

@@ -18,9 +18,9 @@ from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.cli.approvals import expire_all
 from dispatcher.control import approvals
 from dispatcher.control.actor import Actor
-from dispatcher.control.approvals import DecisionRequest
 from dispatcher.db.tables import tool_calls
 from dispatcher.errors import ApprovalStale, CapabilityUnavailable, Forbidden
+from dispatcher.schemas import DecisionRequest
 from dispatcher.settings import DEFAULT_TOPICS, Settings
 from tests.api_support import bearer, running_api
 from tests.control_support import (

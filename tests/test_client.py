@@ -24,8 +24,8 @@ from dispatcher.errors import (
     Unauthenticated,
     ValidationFailed,
 )
-from dispatcher.intake.service import SubmitRequest
 from dispatcher.provider.client import ProviderClient
+from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import DEFAULT_TOPICS, Settings
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor

@@ -18,8 +18,9 @@ from dispatcher.control.actor import Actor
 from dispatcher.control.runs import stop_run
 from dispatcher.db.tables import runs, tool_calls
 from dispatcher.errors import RunStopped
-from dispatcher.intake.service import SubmitRequest, submit
+from dispatcher.intake.service import submit
 from dispatcher.provider.client import ProviderClient
+from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import DEFAULT_TOPICS, Settings
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.sandbox import SandboxServer

@@ -26,12 +26,10 @@ from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control import approvals, escalations, runs
 from dispatcher.control import retry as control
 from dispatcher.control.actor import Actor
-from dispatcher.control.approvals import DecisionRequest
-from dispatcher.control.retry import RetryRequest
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.ledger.events import EventType, envelope
 from dispatcher.provider.client import ProviderClient
-from dispatcher.schemas import EventView
+from dispatcher.schemas import DecisionRequest, EscalationStatus, EventView, Finding, RetryRequest
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.sandbox import SandboxServer
@@ -193,16 +191,14 @@ async def scenario(
 
     # The escalation: acknowledged, then resolved by an operator.
     async with sessions() as session:
-        opened = await escalations.list_escalations(
-            session, status=escalations.EscalationStatus.OPEN
-        )
+        opened = await escalations.list_escalations(session, status=EscalationStatus.OPEN)
     # The blind call cannot be looked up; neither can the "send" call recovery left unknown.
     [open_one] = [e for e in opened if e.tool_call_id == blind]
     async with sessions() as session, session.begin():
         await escalations.acknowledge(session, open_one.escalation_id, actor=BOB)
     async with sessions() as session, session.begin():
         await escalations.resolve(
-            session, open_one.escalation_id, finding=escalations.Finding.CONFIRMED_FAILURE,
+            session, open_one.escalation_id, finding=Finding.CONFIRMED_FAILURE,
             reason="provider says no", actor=BOB,
         )  # fmt: skip
 

@@ -21,12 +21,8 @@ from dispatcher.errors import (
     ToolCallIdConflict,
     ValidationFailed,
 )
-from dispatcher.intake.service import (
-    Submission,
-    SubmitRequest,
-    submit,
-    submit_many,
-)
+from dispatcher.intake.service import submit, submit_many
+from dispatcher.schemas import Submission, SubmitRequest
 from dispatcher.settings import DEFAULT_TOPICS
 
 pytestmark = pytest.mark.postgres

@@ -3,14 +3,25 @@ URLs are normalised to the psycopg 3 driver, and API keys are configured by hash
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+from datetime import timedelta
 
 import pytest
 from pydantic import ValidationError
 
-from dispatcher.settings import ALL_SCOPES, ApiKey, hash_api_key, load_settings, to_sqlalchemy_url
+from dispatcher.relay import relay_config
+from dispatcher.settings import (
+    ALL_SCOPES,
+    ApiKey,
+    RelaySettings,
+    hash_api_key,
+    load_settings,
+    to_sqlalchemy_url,
+)
+from outbox_relay import RelayConfig
 
 GOOD_HASH = hashlib.sha256(b"k").hexdigest()
 
@@ -126,3 +137,73 @@ def test_api_key_refuses_unknown_scopes_and_empty_tenants() -> None:
         ApiKey(sha256=GOOD_HASH, tenant="acme", scopes=["admin"])
     with pytest.raises(ValidationError):
         ApiKey(sha256=GOOD_HASH, tenant="")
+
+
+# RelayConfig fields the dispatcher decides itself, and why; every other one is a
+# ``relay`` setting.
+NOT_RELAY_SETTINGS = {
+    "database_url": "the top-level database_url",
+    "kafka_bootstrap": "the top-level kafka_bootstrap",
+    "enable_idempotence": "the top-level kafka_enable_idempotence",
+    "table": "the dispatcher's own outbox table, made by its migrations",
+    "topic_prefix": "rows carry the topics the *_topic settings named and created",
+    "topic_map": "rows carry the topics the *_topic settings named and created",
+}
+# A value unlike the relay's default for every relay setting, as the environment spells it.
+RELAY_ENVIRONMENT = {
+    "relay_id": ("relay-7", "relay-7"),
+    "batch_size": ("17", 17),
+    "poll_interval": ("0.25", 0.25),
+    "lease_ttl": ("4.5", 4.5),
+    "retention": ("3600", timedelta(hours=1)),
+    "retention_interval": ("7", 7.0),
+    "retention_batch": ("99", 99),
+    "metrics_interval": ("2", 2.0),
+    "backoff_initial": ("0.5", 0.5),
+    "backoff_max": ("9", 9.0),
+    "request_timeout_ms": ("1234", 1234),
+    "max_message_bytes": ("4096", 4096),
+    "linger_ms": ("3", 3),
+}
+
+
+def test_every_relay_knob_is_a_setting_or_decided_by_the_dispatcher() -> None:
+    knobs = {f.name for f in dataclasses.fields(RelayConfig)}
+    assert knobs - set(NOT_RELAY_SETTINGS) == set(RelaySettings.model_fields)
+    assert set(NOT_RELAY_SETTINGS) <= knobs
+
+
+def test_relay_settings_from_the_environment_reach_the_relay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert set(RELAY_ENVIRONMENT) == set(RelaySettings.model_fields)
+    defaults = RelayConfig(database_url="postgresql://db/app", kafka_bootstrap="k:9092")
+    for name, (raw, _) in RELAY_ENVIRONMENT.items():
+        monkeypatch.setenv(f"TOOL_DISPATCHER_RELAY__{name.upper()}", raw)
+    monkeypatch.setenv("TOOL_DISPATCHER_KAFKA_ENABLE_IDEMPOTENCE", "false")
+
+    config = relay_config(
+        load_settings({"database_url": "postgresql://db/app", "kafka_bootstrap": "k:9092"})
+    )
+
+    for name, (_, value) in RELAY_ENVIRONMENT.items():
+        assert getattr(config, name) == value != getattr(defaults, name), name
+    assert (config.database_url, config.kafka_bootstrap) == ("postgresql://db/app", "k:9092")
+    assert config.enable_idempotence is False
+    assert (config.table, config.topic_prefix, dict(config.topic_map)) == ("outbox", "", {})
+
+
+def test_unset_relay_settings_keep_the_relay_defaults() -> None:
+    settings = load_settings({"database_url": "postgresql://db/app", "kafka_bootstrap": "k:9092"})
+    config = relay_config(settings)
+    defaults = RelayConfig(database_url="postgresql://db/app", kafka_bootstrap="k:9092")
+    for name in RelaySettings.model_fields:
+        if name != "relay_id":  # unique per process
+            assert getattr(config, name) == getattr(defaults, name), name
+
+
+def test_a_misspelt_relay_setting_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOL_DISPATCHER_RELAY__BATCHSIZE", "17")
+    with pytest.raises(ValidationError) as info:
+        load_settings()
+    assert info.value.errors()[0]["loc"] == ("relay", "batchsize")

@@ -13,9 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.errors import IllegalTransition, TransitionConflict
-from dispatcher.intake.service import SubmitRequest, submit
+from dispatcher.intake.service import submit
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.transitions import Fence, move
+from dispatcher.schemas import SubmitRequest
 from dispatcher.states import ExecutionStatus
 
 pytestmark = pytest.mark.postgres

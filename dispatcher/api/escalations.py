@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request, Response
 from dispatcher.api.bodies import json_response, model_response, parse_body
 from dispatcher.api.deps import AppSettings, Operator, Reader, Sessions
 from dispatcher.control import escalations
-from dispatcher.control.escalations import EscalationStatus, ResolveRequest
+from dispatcher.schemas import EscalationStatus, ResolveRequest
 
 router = APIRouter()
 

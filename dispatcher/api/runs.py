@@ -11,10 +11,8 @@ from fastapi import APIRouter, Query, Request, Response
 from dispatcher.api.bodies import json_response, model_response, parse_body
 from dispatcher.api.deps import AppSettings, Operator, Reader, Registry, Sessions
 from dispatcher.control import runs
-from dispatcher.control.runs import StopRequest
-from dispatcher.schemas import EventView
-from dispatcher.views.queries import run_event_rows
-from dispatcher.views.run_view import load_run_view
+from dispatcher.schemas import StopRequest
+from dispatcher.views.run_view import load_run_view, run_events
 
 router = APIRouter()
 
@@ -27,7 +25,7 @@ async def run_view(run_id: str, caller: Reader, sessions: Sessions) -> Response:
 
 
 @router.get("/v1/runs/{run_id}/events")
-async def run_events(
+async def run_event_log(
     run_id: str,
     caller: Reader,
     sessions: Sessions,
@@ -35,8 +33,8 @@ async def run_events(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> Response:
     async with sessions() as session:
-        rows = await run_event_rows(session, caller.tenant, run_id, after=after, limit=limit)
-    events = [EventView.of(r).model_dump(by_alias=True, mode="json") for r in rows]
+        found = await run_events(session, caller.tenant, run_id, after=after, limit=limit)
+    events = [e.model_dump(by_alias=True, mode="json") for e in found]
     return json_response(json.dumps({"runId": run_id, "events": events}))
 
 
@@ -60,4 +58,4 @@ async def stop(
             registry=registry,
             topics=settings.topics(),
         )
-    return json_response(json.dumps(outcome.as_json()))
+    return model_response(outcome)

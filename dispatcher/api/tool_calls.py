@@ -12,11 +12,9 @@ from fastapi import APIRouter, Query, Request, Response
 from dispatcher.api.bodies import json_response, model_response, parse_body
 from dispatcher.api.deps import AppSettings, Batcher, Operator, Reader, Sessions, Submitter
 from dispatcher.control import retry as control
-from dispatcher.control.retry import RetryRequest
 from dispatcher.errors import ToolCallNotFound
-from dispatcher.intake.service import SubmitRequest
 from dispatcher.metrics import INTAKE_SUBMISSIONS
-from dispatcher.schemas import ToolCallView
+from dispatcher.schemas import RetryRequest, SubmitRequest, ToolCallView
 from dispatcher.states import SETTLED_STATES
 from dispatcher.views.queries import tool_call_row
 

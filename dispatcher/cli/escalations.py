@@ -20,9 +20,9 @@ from sqlalchemy.exc import OperationalError
 from dispatcher.cli.parsing import OneLineArgumentParser
 from dispatcher.control import escalations
 from dispatcher.control.actor import Actor
-from dispatcher.control.escalations import EscalationStatus, EscalationView, Finding
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.errors import DispatcherError, EscalationAlreadyResolved
+from dispatcher.schemas import EscalationStatus, EscalationView, Finding
 from dispatcher.settings import Settings
 
 

@@ -108,7 +108,10 @@ def _relay(settings: Settings) -> int:
 
     if settings.kafka_bootstrap is None:
         fail("TOOL_DISPATCHER_KAFKA_BOOTSTRAP is not set (or use `tool-dispatcher up`)")
-    config = relay_config(settings)
+    try:
+        config = relay_config(settings)
+    except ValueError as exc:
+        fail(f"bad relay setting: {exc}")
     return asyncio.run(until_signal(lambda stop: run_relay_process(settings, config, stop)))
 
 

@@ -11,9 +11,10 @@ blocking (:class:`SyncDispatcherClient`)::
 Errors are the dispatcher's own exceptions, found by the problem+json ``code``.
 """
 
-from dispatcher.client.asyncclient import DispatcherClient, StopResult
+from dispatcher.client.asyncclient import DispatcherClient
 from dispatcher.client.problems import ApiError, WaitTimedOut
 from dispatcher.client.sync import SyncDispatcherClient
+from dispatcher.schemas import StopResult
 
 __all__ = [
     "ApiError",

@@ -3,38 +3,17 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
 
 from dispatcher.client.problems import WaitTimedOut, error_from
-from dispatcher.control.approvals import ApprovalView
-from dispatcher.intake.service import Submission, SubmitRequest
-from dispatcher.schemas import ToolCallView
+from dispatcher.schemas import ApprovalView, StopResult, Submission, SubmitRequest, ToolCallView
 from dispatcher.states import SETTLED_STATES
 
-# The server holds one long-poll at most this long (dispatcher.api.app.MAX_WAIT_SECONDS);
+# The server holds one long-poll at most this long (dispatcher.api.tool_calls.MAX_WAIT_SECONDS);
 # a longer wait is several polls in a row.
 POLL_SECONDS = 20.0
-
-
-class StopResult(BaseModel):
-    """What ``POST /v1/runs/{runId}/stop`` did; ``already_stopped`` means an earlier stop
-    did it all."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
-
-    run_id: str
-    stopped_at: datetime | None
-    stopped_by: str | None
-    reason: str | None
-    already_stopped: bool
-    cancelled: list[str] = Field(default_factory=list)
-    compensation_requested: list[str] = Field(default_factory=list)
-    in_flight: list[str] = Field(default_factory=list)
 
 
 class DispatcherClient:

@@ -7,10 +7,8 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from dispatcher.client.asyncclient import DispatcherClient, StopResult
-from dispatcher.control.approvals import ApprovalView
-from dispatcher.intake.service import Submission, SubmitRequest
-from dispatcher.schemas import ToolCallView
+from dispatcher.client.asyncclient import DispatcherClient
+from dispatcher.schemas import ApprovalView, StopResult, Submission, SubmitRequest, ToolCallView
 
 T = TypeVar("T")
 

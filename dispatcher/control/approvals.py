@@ -28,12 +28,8 @@ nobody refused it: ``rejected`` is kept for a human's refusal.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from datetime import datetime
-from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -52,60 +48,13 @@ from dispatcher.errors import (
     RunStopped,
     SelfApprovalForbidden,
 )
-from dispatcher.intake.service import fingerprint
+from dispatcher.intake.keys import fingerprint
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
 from dispatcher.ledger.transitions import BulkMove, move, move_many
+from dispatcher.schemas import ApprovalStatus, ApprovalView, DecisionRequest
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus as S
-
-
-class ApprovalStatus(StrEnum):
-    PENDING = "pending"
-    """Waiting for a human."""
-    APPROVED = "approved"
-    """A human approved; the call was authorized."""
-    REJECTED = "rejected"
-    """A human refused; the call was rejected."""
-    EXPIRED = "expired"
-    """Nobody decided in time; the call was cancelled."""
-    CANCELLED = "cancelled"
-    """The run was stopped first; the call was cancelled."""
-
-
-class DecisionRequest(BaseModel):
-    """The body of ``POST /v1/approvals/{approvalId}/decision``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    decision: Literal["approve", "reject"]
-    reason: str = Field(default="", max_length=2000)
-
-
-class ApprovalView(BaseModel):
-    """An approval as the API shows it."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
-
-    approval_id: str
-    tool_call_id: str
-    run_id: str
-    capability_id: str
-    risk: str
-    status: ApprovalStatus
-    policy_version: int
-    input_hash: str
-    requested_by: str | None
-    expires_at: datetime
-    created_at: datetime
-    closed_at: datetime | None
-    decision: str | None
-    decided_by: str | None
-    decision_reason: str | None
-
-    @classmethod
-    def of(cls, row: Mapping[Any, Any]) -> ApprovalView:
-        return cls.model_validate({name: row[name] for name in cls.model_fields})
 
 
 async def list_approvals(
@@ -148,23 +97,7 @@ async def decide(
     """
     if "approve" not in scopes:
         raise Forbidden("this API key lacks the 'approve' scope", scope="approve")
-    mine = (approvals.c.approval_id == approval_id, approvals.c.tenant == tenant)
-    run_id = (await session.execute(select(approvals.c.run_id).where(*mine))).scalar_one_or_none()
-    if run_id is None:
-        raise ApprovalNotFound(approval_id)
-    # The run first, like the stop command: see dispatcher.control.runs.lock_run.
-    run_stopped = await lock_run(session, tenant, run_id)
-    found = (
-        await session.execute(
-            select(approvals, (approvals.c.expires_at <= func.now()).label("lapsed"))
-            .where(*mine)
-            .with_for_update(of=approvals)
-        )
-    ).first()
-    if found is None:
-        raise ApprovalNotFound(approval_id)
-    current = ApprovalView.of(found._mapping)
-    _still_open(current, lapsed=bool(found.lapsed))
+    current, run_stopped = await _lock_open(session, approval_id, tenant)
     call = (
         await session.execute(
             select(tool_calls)
@@ -196,6 +129,48 @@ async def decide(
             "by": actor.as_payload(),
         },
     )
+    closed_view = await _close(session, approval_id, closed, request, actor)
+    if approving:
+        command = DispatchCommand.build(
+            moved.row._mapping, producer=Producer.APPROVALS, causation_id=moved.event_id
+        )
+        await enqueue(session, [command.to_outbox_row(topics)])
+    return closed_view
+
+
+async def _lock_open(
+    session: AsyncSession, approval_id: str, tenant: str
+) -> tuple[ApprovalView, bool]:
+    """The tenant's approval, locked and still open to a decision, and whether its run
+    is stopped (the run's lock is held from here on)."""
+    mine = (approvals.c.approval_id == approval_id, approvals.c.tenant == tenant)
+    run_id = (await session.execute(select(approvals.c.run_id).where(*mine))).scalar_one_or_none()
+    if run_id is None:
+        raise ApprovalNotFound(approval_id)
+    # The run first, like the stop command: see dispatcher.control.runs.lock_run.
+    run_stopped = await lock_run(session, tenant, run_id)
+    found = (
+        await session.execute(
+            select(approvals, (approvals.c.expires_at <= func.now()).label("lapsed"))
+            .where(*mine)
+            .with_for_update(of=approvals)
+        )
+    ).first()
+    if found is None:
+        raise ApprovalNotFound(approval_id)
+    current = ApprovalView.of(found._mapping)
+    _still_open(current, lapsed=bool(found.lapsed))
+    return current, run_stopped
+
+
+async def _close(
+    session: AsyncSession,
+    approval_id: str,
+    closed: ApprovalStatus,
+    request: DecisionRequest,
+    actor: Actor,
+) -> ApprovalView:
+    """Record the decision on the (still pending) approval row."""
     row = (
         await session.execute(
             update(approvals)
@@ -213,11 +188,6 @@ async def decide(
             .returning(*approvals.c)
         )
     ).one()
-    if approving:
-        command = DispatchCommand.build(
-            moved.row._mapping, producer=Producer.APPROVALS, causation_id=moved.event_id
-        )
-        await enqueue(session, [command.to_outbox_row(topics)])
     return ApprovalView.of(row._mapping)
 
 

@@ -18,11 +18,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
 from sqlalchemy import case, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -32,63 +29,10 @@ from dispatcher.errors import EscalationAlreadyResolved, EscalationNotFound
 from dispatcher.ledger.events import CallContext, EventType, event_row, record_events
 from dispatcher.ledger.messages import EscalationMessage, Producer, enqueue, escalation_message
 from dispatcher.ledger.transitions import Fence, move
+from dispatcher.schemas import EscalationStatus, EscalationView, Finding
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
-
-
-class Finding(StrEnum):
-    """What an operator established about an escalated call's effect."""
-
-    CONFIRMED_SUCCESS = "confirmed_success"
-    """The effect happened: the call is ``confirmed`` (verification confirmed_success)."""
-    CONFIRMED_FAILURE = "confirmed_failure"
-    """The effect did not happen: ``confirmed`` (verification confirmed_failure)."""
-    COMPENSATED = "compensated"
-    """The effect happened and has been undone: ``compensated``."""
-
-
-class EscalationStatus(StrEnum):
-    OPEN = "open"
-    """Waiting for someone to look at it."""
-    ACKNOWLEDGED = "acknowledged"
-    """Someone owns it."""
-    RESOLVED = "resolved"
-    """Settled by an operator's finding; final."""
-
-
-class ResolveRequest(BaseModel):
-    """The body of ``POST /v1/escalations/{id}/resolve``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    finding: Finding
-    reason: str = Field(min_length=1, max_length=2000)
-
-
-class EscalationView(BaseModel):
-    """An escalation as the API, the CLI and the escalations topic show it."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
-
-    escalation_id: str
-    tool_call_id: str
-    tenant: str
-    episode: int
-    status: EscalationStatus
-    reason: str
-    evidence: dict[str, Any]
-    created_at: datetime
-    acknowledged_at: datetime | None
-    acknowledged_by: str | None
-    resolved_at: datetime | None
-    resolved_by: str | None
-    finding: Finding | None
-    resolution_reason: str | None
-
-    @classmethod
-    def of(cls, row: Mapping[Any, Any]) -> EscalationView:
-        return cls.model_validate({name: row[name] for name in cls.model_fields})
 
 
 def resolution_commands(escalation_id: str) -> dict[str, list[str]]:
@@ -155,18 +99,6 @@ async def escalate(
         payload={"reason": reason, "escalationId": escalation_id},
     )
     call = moved.row._mapping
-    history = (
-        await session.execute(
-            select(
-                execution_events.c.event_type,
-                execution_events.c.occurred_at,
-                execution_events.c.producer,
-                execution_events.c.payload,
-            )
-            .where(execution_events.c.tool_call_id == tool_call_id)
-            .order_by(execution_events.c.seq)
-        )
-    ).all()
     episode = (
         await session.execute(
             select(func.count()).where(escalations.c.tool_call_id == tool_call_id)
@@ -179,34 +111,7 @@ async def escalate(
         "episode": episode,
         "status": EscalationStatus.OPEN.value,
         "reason": reason,
-        "evidence": {
-            "call": {
-                "toolCallId": tool_call_id,
-                "tenant": call["tenant"],
-                "runId": call["run_id"],
-                "capabilityId": call["capability_id"],
-                "idempotencyKey": call["idempotency_key"],
-                "externalRequestId": call["external_request_id"],
-                "input": call["input"],
-                "dispatchAttempts": call["dispatch_attempts"],
-                "reconcileAttempts": call["reconcile_attempts"],
-                "dispatchedAt": _iso(call["dispatched_at"]),
-                "createdAt": _iso(call["created_at"]),
-                "compensationRequestedAt": _iso(call["compensation_requested_at"]),
-            },
-            "lastError": call["last_error"],
-            **dict(evidence),
-            "history": [
-                {
-                    "eventType": h.event_type,
-                    "occurredAt": _iso(h.occurred_at),
-                    "producer": h.producer,
-                    "payload": h.payload,
-                }
-                for h in history
-            ],
-            "commands": resolution_commands(escalation_id),
-        },
+        "evidence": await _evidence(session, escalation_id, call, evidence),
     }
     stored = (
         await session.execute(insert(escalations).values(record).returning(*escalations.c))
@@ -214,6 +119,56 @@ async def escalate(
     view = EscalationView.of(stored._mapping)
     await _publish(session, view, EscalationMessage.OPENED, producer, topics)
     return view
+
+
+async def _evidence(
+    session: AsyncSession,
+    escalation_id: str,
+    call: Mapping[Any, Any],
+    given: Mapping[str, Any],
+) -> dict[str, Any]:
+    """What an on-call engineer needs to settle the call: the call, ``given`` (the
+    caller's own evidence), the call's whole event history and the resolving commands."""
+    history = (
+        await session.execute(
+            select(
+                execution_events.c.event_type,
+                execution_events.c.occurred_at,
+                execution_events.c.producer,
+                execution_events.c.payload,
+            )
+            .where(execution_events.c.tool_call_id == call["tool_call_id"])
+            .order_by(execution_events.c.seq)
+        )
+    ).all()
+    return {
+        "call": {
+            "toolCallId": call["tool_call_id"],
+            "tenant": call["tenant"],
+            "runId": call["run_id"],
+            "capabilityId": call["capability_id"],
+            "idempotencyKey": call["idempotency_key"],
+            "externalRequestId": call["external_request_id"],
+            "input": call["input"],
+            "dispatchAttempts": call["dispatch_attempts"],
+            "reconcileAttempts": call["reconcile_attempts"],
+            "dispatchedAt": _iso(call["dispatched_at"]),
+            "createdAt": _iso(call["created_at"]),
+            "compensationRequestedAt": _iso(call["compensation_requested_at"]),
+        },
+        "lastError": call["last_error"],
+        **dict(given),
+        "history": [
+            {
+                "eventType": h.event_type,
+                "occurredAt": _iso(h.occurred_at),
+                "producer": h.producer,
+                "payload": h.payload,
+            }
+            for h in history
+        ],
+        "commands": resolution_commands(escalation_id),
+    }
 
 
 async def list_escalations(

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import uuid
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -24,7 +22,7 @@ from dispatcher.errors import RetryNotAllowed, RunStopped, ToolCallNotFound
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
 from dispatcher.ledger.transitions import move
-from dispatcher.schemas import ToolCallView
+from dispatcher.schemas import RetryRequest, ToolCallView
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
@@ -41,19 +39,6 @@ _WHY_NOT = {
     S.PROPOSED: "the call waits for its approval; decide that instead",
     S.AUTHORIZED: "the call is already queued for dispatch",
 }
-
-
-class RetryRequest(BaseModel):
-    """The body of ``POST /v1/tool-calls/{toolCallId}/retry``."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
-
-    reason: str = Field(min_length=1, max_length=2000)
-    # A new key makes the provider treat the retry as a new request: only for a call
-    # whose first request certainly had no effect, the operator's judgement.
-    new_idempotency_key: bool = False
 
 
 def why_not_retriable(status: S) -> str:

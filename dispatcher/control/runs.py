@@ -18,14 +18,9 @@ settles the call. Calls in flight otherwise finish and are recorded as usual.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
-from sqlalchemy import bindparam, func, select, text, update
+from sqlalchemy import ColumnElement, Row, bindparam, func, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -38,6 +33,7 @@ from dispatcher.errors import CapabilityNotFound
 from dispatcher.ledger.events import EventType, record_events, run_event_row
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import BulkMove, move_many
+from dispatcher.schemas import StopResult
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus as S
 
@@ -45,49 +41,6 @@ QUEUED = (S.PROPOSED, S.AUTHORIZED)
 """Not dispatched yet: a stop cancels these."""
 IN_FLIGHT = (S.DISPATCHING, S.ACCEPTED, S.RESULT_UNKNOWN)
 """Maybe acting at the provider: a stop lets these finish (or asks to compensate)."""
-
-
-class StopRequest(BaseModel):
-    """The body of ``POST /v1/runs/{runId}/stop``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    reason: str = Field(default="", max_length=2000)
-
-
-class RunRecord(BaseModel):
-    """A run's row: whether, when, by whom and why it was stopped."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
-
-    run_id: str
-    stopped_at: datetime | None
-    stopped_by: str | None
-    reason: str | None
-
-    @classmethod
-    def of(cls, row: Mapping[Any, Any]) -> RunRecord:
-        return cls.model_validate({name: row[name] for name in cls.model_fields})
-
-
-@dataclass(frozen=True, slots=True)
-class StopOutcome:
-    """What a stop did; ``already_stopped`` means an earlier stop did it all."""
-
-    run: RunRecord
-    already_stopped: bool
-    cancelled: list[str] = field(default_factory=list)
-    compensation_requested: list[str] = field(default_factory=list)
-    in_flight: list[str] = field(default_factory=list)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            **self.run.model_dump(by_alias=True, mode="json"),
-            "alreadyStopped": self.already_stopped,
-            "cancelled": self.cancelled,
-            "compensationRequested": self.compensation_requested,
-            "inFlight": self.in_flight,
-        }
 
 
 # Both functions are in migration 0005, which says how the lock is keyed.
@@ -116,17 +69,13 @@ async def stop_run(
     reason: str,
     registry: CapabilityRegistry,
     topics: Topics = DEFAULT_TOPICS,
-) -> StopOutcome:
+) -> StopResult:
     """Stop the run in the caller's transaction (see the module docstring). A run
     nobody has heard of yet can be stopped too: its calls will be refused."""
-    await session.execute(_LOCK_EXCLUSIVE, {"tenant": tenant, "run_id": run_id})
-    await session.execute(
-        pg_insert(runs).values(tenant=tenant, run_id=run_id).on_conflict_do_nothing()
-    )
+    current = await _take_run(session, tenant, run_id)
     where = (runs.c.tenant == tenant, runs.c.run_id == run_id)
-    current = (await session.execute(select(runs).where(*where))).one()
     if current.stopped_at is not None:
-        return StopOutcome(RunRecord.of(current._mapping), already_stopped=True)
+        return _result(current, already_stopped=True)
     stopped = (
         await session.execute(
             update(runs)
@@ -151,15 +100,7 @@ async def stop_run(
     )
     # Lock order run -> approvals -> calls, as the expiry sweeper (approvals -> calls,
     # SKIP LOCKED) and a decision (run -> approval -> call) take them: no deadlock.
-    await session.execute(
-        select(approvals.c.approval_id)
-        .where(
-            approvals.c.tenant == tenant,
-            approvals.c.run_id == run_id,
-            approvals.c.status == "pending",
-        )
-        .with_for_update()
-    )
+    await _lock_pending_approvals(session, tenant, run_id)
     in_run = (tool_calls.c.tenant == tenant, tool_calls.c.run_id == run_id)
     queued = (
         await session.execute(
@@ -186,12 +127,62 @@ async def stop_run(
         topics=topics,
     )
     cancelled_ids = [m.row.tool_call_id for m in cancelled]
-    if cancelled_ids:
+    await _close_approvals(session, cancelled_ids)
+    flying, compensate = await _compensate_in_flight(
+        session, in_run, reason=reason, registry=registry, topics=topics
+    )
+    return _result(
+        stopped,
+        already_stopped=False,
+        cancelled=sorted(cancelled_ids),
+        compensation_requested=compensate,
+        in_flight=flying,
+    )
+
+
+async def _take_run(session: AsyncSession, tenant: str, run_id: str) -> Row[Any]:
+    """The run's row (written if the run was never stopped), under the run's lock held
+    exclusive until the caller commits."""
+    await session.execute(_LOCK_EXCLUSIVE, {"tenant": tenant, "run_id": run_id})
+    await session.execute(
+        pg_insert(runs).values(tenant=tenant, run_id=run_id).on_conflict_do_nothing()
+    )
+    where = (runs.c.tenant == tenant, runs.c.run_id == run_id)
+    return (await session.execute(select(runs).where(*where))).one()
+
+
+async def _close_approvals(session: AsyncSession, cancelled: list[str]) -> None:
+    """Close the pending approvals of calls the stop cancelled."""
+    if cancelled:
         await session.execute(
             update(approvals)
-            .where(approvals.c.tool_call_id.in_(cancelled_ids), approvals.c.status == "pending")
+            .where(approvals.c.tool_call_id.in_(cancelled), approvals.c.status == "pending")
             .values(status="cancelled", closed_at=func.now())
         )
+
+
+async def _lock_pending_approvals(session: AsyncSession, tenant: str, run_id: str) -> None:
+    await session.execute(
+        select(approvals.c.approval_id)
+        .where(
+            approvals.c.tenant == tenant,
+            approvals.c.run_id == run_id,
+            approvals.c.status == "pending",
+        )
+        .with_for_update()
+    )
+
+
+async def _compensate_in_flight(
+    session: AsyncSession,
+    in_run: tuple[ColumnElement[bool], ...],
+    *,
+    reason: str,
+    registry: CapabilityRegistry,
+    topics: Topics,
+) -> tuple[list[str], list[str]]:
+    """The run's calls in flight, and those of them marked for compensation (their
+    capability says ``onRunStopped = "compensate"``)."""
     flying = (
         await session.execute(
             select(tool_calls.c.tool_call_id, tool_calls.c.capability_id)
@@ -214,10 +205,11 @@ async def stop_run(
                 topics=topics,
             )
             compensate.append(call_id)
-    return StopOutcome(
-        RunRecord.of(stopped._mapping),
-        already_stopped=False,
-        cancelled=sorted(cancelled_ids),
-        compensation_requested=compensate,
-        in_flight=[call_id for call_id, _ in flying],
+    return [call_id for call_id, _ in flying], compensate
+
+
+def _result(run: Row[Any], **done: Any) -> StopResult:
+    return StopResult.model_validate(
+        {name: run._mapping[name] for name in ("run_id", "stopped_at", "stopped_by", "reason")}
+        | done
     )

@@ -16,7 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.errors import DispatcherError, ServiceUnavailable
-from dispatcher.intake.service import Submission, SubmitRequest, submit_many
+from dispatcher.intake.service import submit_many
+from dispatcher.schemas import Submission, SubmitRequest
 from dispatcher.settings import Topics
 
 log = logging.getLogger(__name__)

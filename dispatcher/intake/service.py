@@ -14,20 +14,16 @@ committed at the same moment.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
 from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from dispatcher.capabilities import Capability, CapabilityRegistry, render_key_template
+from dispatcher.capabilities import Capability, CapabilityRegistry
 from dispatcher.db.tables import runs, tool_calls
 from dispatcher.errors import (
     DispatcherError,
@@ -36,40 +32,13 @@ from dispatcher.errors import (
     ToolCallIdConflict,
     ValidationFailed,
 )
+from dispatcher.intake.keys import default_key, fingerprint
 from dispatcher.intake.statement import write_intake
 from dispatcher.ledger.events import CallContext, EventType, event_message, event_row
 from dispatcher.ledger.messages import DispatchCommand, Producer
-from dispatcher.schemas import ToolCallView
+from dispatcher.schemas import Submission, SubmitRequest, ToolCallView
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus
-
-_Id = Field(default=None, min_length=1, max_length=200)
-
-
-class SubmitRequest(BaseModel):
-    """A producer's request to run a tool call (the body of ``POST /v1/tool-calls``)."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
-
-    run_id: str = Field(min_length=1, max_length=200)
-    capability_id: str = Field(min_length=1, max_length=200)
-    input: dict[str, Any]
-    tool_call_id: str | None = _Id
-    turn_id: str | None = _Id
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
-    correlation_id: str | None = _Id
-    causation_id: str | None = _Id
-    reasoning_object_id: str | None = _Id
-
-
-@dataclass(frozen=True, slots=True)
-class Submission:
-    """The recorded call; ``created`` is False when an earlier submission was replayed."""
-
-    view: ToolCallView
-    created: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,17 +56,6 @@ class _Prepared:
     @property
     def key(self) -> tuple[str, str]:
         return (self.tenant, self.values["idempotency_key"])
-
-
-def fingerprint(capability_id: str, call_input: dict[str, Any]) -> str:
-    """Hash of the canonical JSON of what the call would do."""
-    canonical = json.dumps(
-        {"capabilityId": capability_id, "input": call_input},
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 async def submit(
@@ -208,7 +166,7 @@ def _prepare(
             f"capability {capability.id!r} is disabled", capabilityId=capability.id
         )
     tool_call_id = request.tool_call_id or str(uuid.uuid4())
-    key = request.idempotency_key or _default_key(
+    key = request.idempotency_key or default_key(
         request, tool_call_id, capability.idempotency_key_template
     )
     if len(key) > 255:
@@ -313,22 +271,6 @@ def _approval(prep: _Prepared) -> dict[str, Any]:
         "requested_by": prep.submitted_by,
         "expires_at": expires_at.isoformat(),
     }
-
-
-def _default_key(request: SubmitRequest, tool_call_id: str, template: str | None) -> str:
-    if template is None:
-        return tool_call_id
-    return render_key_template(
-        template,
-        {
-            "input": request.input,
-            "runId": request.run_id,
-            "turnId": request.turn_id,
-            "capabilityId": request.capability_id,
-            "correlationId": request.correlation_id,
-            "toolCallId": tool_call_id,
-        },
-    )
 
 
 async def _replay(

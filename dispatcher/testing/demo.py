@@ -97,22 +97,37 @@ async def run_demo(settings: Settings) -> int:
 async def _story(
     base: str, api_key: str, sandbox: str
 ) -> tuple[list[Step], dict[str, list[str]], dict[str, int]]:
-    run_id = f"run-{uuid.uuid4().hex[:8]}"
-    tag = uuid.uuid4().hex[:6]
-    steps: list[Step] = []
-    calls: dict[str, str] = {}
-    runs: dict[str, str] = {}
     async with (
         httpx.AsyncClient(
             base_url=base, timeout=10, headers={"Authorization": f"Bearer {api_key}"}
         ) as api,
         httpx.AsyncClient(base_url=sandbox, timeout=10) as provider,
     ):
+        story = _Story(api, provider)
+        await story.plant_faults()
+        await story.submit_all()
+        await story.decide_twice()
+        await story.stop_a_run()
+        return await story.settle()
+
+
+class _Story:
+    """The demo's steps, in order; each appends what it saw to :attr:`steps`."""
+
+    def __init__(self, api: httpx.AsyncClient, provider: httpx.AsyncClient) -> None:
+        self.api, self.provider = api, provider
+        self.run_id = f"run-{uuid.uuid4().hex[:8]}"
+        self.tag = uuid.uuid4().hex[:6]
+        self.steps: list[Step] = []
+        self.calls: dict[str, str] = {}
+        self.runs: dict[str, str] = {}
+
+    async def plant_faults(self) -> None:
         # The provider will lose the answer to the second refund, and will never answer
         # a lookup about the third one.
-        lost = f"refund:order-002:intent-{tag}"
-        silent = f"refund:order-003:intent-{tag}"
-        await provider.post(
+        lost = f"refund:order-002:intent-{self.tag}"
+        silent = f"refund:order-003:intent-{self.tag}"
+        await self.provider.post(
             "/v1/faults",
             json=[
                 {"kind": "drop_after_apply", "idempotencyKey": lost, "method": "POST"},
@@ -121,29 +136,32 @@ async def _story(
             ],
         )
 
-        async def submit(
-            name: str, body: dict[str, Any], expected: int, run: str = run_id
-        ) -> dict[str, Any]:
-            response = await api.post("/v1/tool-calls", json={"runId": run, **body})
-            data: dict[str, Any] = response.json()
-            detail = data.get("idempotencyKey") or data.get("code", "")
-            steps.append(Step(name, f"HTTP {expected}", f"HTTP {response.status_code}", detail))
-            if response.status_code == 201:
-                calls[name] = data["toolCallId"]
-                runs[name] = run
-            return data
+    async def submit(
+        self, name: str, body: dict[str, Any], expected: int, run: str | None = None
+    ) -> dict[str, Any]:
+        run = run or self.run_id
+        response = await self.api.post("/v1/tool-calls", json={"runId": run, **body})
+        data: dict[str, Any] = response.json()
+        detail = data.get("idempotencyKey") or data.get("code", "")
+        self.steps.append(Step(name, f"HTTP {expected}", f"HTTP {response.status_code}", detail))
+        if response.status_code == 201:
+            self.calls[name] = data["toolCallId"]
+            self.runs[name] = run
+        return data
 
-        def refund(order: str) -> dict[str, Any]:
-            return {
-                "capabilityId": "refund-order-v2",
-                "correlationId": f"intent-{tag}",
-                "input": {"orderId": order, "amount": 42.5},
-            }
+    def refund(self, order: str) -> dict[str, Any]:
+        return {
+            "capabilityId": "refund-order-v2",
+            "correlationId": f"intent-{self.tag}",
+            "input": {"orderId": order, "amount": 42.5},
+        }
 
+    async def submit_all(self) -> None:
+        submit, refund = self.submit, self.refund
         first = await submit("refund order-001", refund("order-001"), 201)
         again = await submit("the same refund again (idempotent replay)", refund("order-001"), 200)
         if again.get("toolCallId") != first.get("toolCallId"):
-            steps.append(Step("the replay names the same call", "same", "different"))
+            self.steps.append(Step("the replay names the same call", "same", "different"))
         await submit(
             "reuse that key for another amount",
             {**refund("order-001"), "input": {"orderId": "order-001", "amount": 999}},
@@ -166,20 +184,21 @@ async def _story(
         )
         await submit("an unknown capability", {"capabilityId": "launch-rockets", "input": {}}, 404)
 
+    async def decide_twice(self) -> None:
         # A human decides the large refund, once and only once.
-        pending = (await api.get("/v1/approvals", params={"status": "pending"})).json()
+        pending = (await self.api.get("/v1/approvals", params={"status": "pending"})).json()
         approval = next(
             a["approvalId"]
             for a in pending["approvals"]
-            if a["toolCallId"] == calls["a large refund that needs approval"]
+            if a["toolCallId"] == self.calls["a large refund that needs approval"]
         )
         for title, code in (("approve the large refund", 200), ("approve it a second time", 409)):
-            decided = await api.post(
+            decided = await self.api.post(
                 f"/v1/approvals/{approval}/decision",
                 json={"decision": "approve", "reason": "checked by finance"},
             )
             answer = decided.json()
-            steps.append(
+            self.steps.append(
                 Step(
                     title,
                     f"HTTP {code}",
@@ -188,17 +207,24 @@ async def _story(
                 )
             )
 
+    async def stop_a_run(self) -> None:
         # An operator stops another run while its call still waits for a decision.
         other = f"run-{uuid.uuid4().hex[:8]}"
         gated = {
             "capabilityId": "refund-order-approved",
             "input": {"orderId": "order-005", "amount": 800},
         }
-        await submit("queue a refund in a second run", gated, 201, run=other)
-        stopped = await api.post(f"/v1/runs/{other}/stop", json={"reason": "customer withdrew"})
-        steps.append(Step("stop the second run", "HTTP 200", f"HTTP {stopped.status_code}"))
-        await submit("submit to the stopped run", gated, 409, run=other)
+        await self.submit("queue a refund in a second run", gated, 201, run=other)
+        stopped = await self.api.post(
+            f"/v1/runs/{other}/stop", json={"reason": "customer withdrew"}
+        )
+        self.steps.append(Step("stop the second run", "HTTP 200", f"HTTP {stopped.status_code}"))
+        await self.submit("submit to the stopped run", gated, 409, run=other)
 
+    async def settle(self) -> tuple[list[Step], dict[str, list[str]], dict[str, int]]:
+        """Wait for every call's final status; the steps, each call's path and the
+        sandbox's effects per key."""
+        calls = self.calls
         expected = {
             "refund order-001": "completed",
             "refund order-002 (provider drops the answer)": "confirmed",
@@ -207,23 +233,22 @@ async def _story(
             "a large refund that needs approval": "completed",
             "queue a refund in a second run": "cancelled",
         }
-        finals = await _wait_for(api, {calls[n]: s for n, s in expected.items()})
+        finals = await _wait_for(self.api, {calls[n]: s for n, s in expected.items()})
         for name, want in expected.items():
-            steps.append(Step(f"{name}: settles", want, finals.get(calls[name], "?")))
-        escalations = (await api.get("/v1/escalations")).json()
+            self.steps.append(Step(f"{name}: settles", want, finals.get(calls[name], "?")))
+        escalations = (await self.api.get("/v1/escalations")).json()
         open_ids = [e.get("toolCallId") for e in escalations.get("escalations", [])]
-        steps.append(
+        listed = calls["refund order-003 (lookups never answer)"] in open_ids
+        self.steps.append(
             Step(
                 "order-003 waits in the escalation queue",
                 "listed",
-                "listed"
-                if calls["refund order-003 (lookups never answer)"] in open_ids
-                else "missing",
+                "listed" if listed else "missing",
             )
         )
-        paths = {name: await _path(api, runs[name], calls[name]) for name in expected}
-        effects: dict[str, int] = (await provider.get("/v1/effects")).json()["effects"]
-    return steps, paths, effects
+        paths = {name: await _path(self.api, self.runs[name], calls[name]) for name in expected}
+        effects: dict[str, int] = (await self.provider.get("/v1/effects")).json()["effects"]
+        return self.steps, paths, effects
 
 
 async def _wait_for(

@@ -6,9 +6,8 @@ rebuilds exactly the same answer. Nothing here is stored; the view may change sh
 with the UI, the facts do not.
 
 Execution status comes from each transition event's ``to`` (intake's own two events
-say ``proposed`` / ``authorized``). Verification status is taken from an event's
-``verification`` field when it carries one, else inferred from the event type and
-what its payload says the provider answered (see :func:`_verification`).
+say ``proposed`` / ``authorized``). Verification status is inferred from the event
+type and what its payload says the provider answered (see :func:`_verification`).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import execution_events
-from dispatcher.errors import RunNotFound
+from dispatcher.errors import RunNotFound, ValidationFailed
 from dispatcher.ledger.events import EventType
 from dispatcher.schemas import EventView
 from dispatcher.states import ExecutionStatus as S
@@ -108,9 +107,6 @@ def _status(event: EventView, current: S | None) -> S | None:
 
 def _verification(event: EventView, current: V) -> V:
     payload = event.payload
-    told = payload.get("verification")
-    if isinstance(told, str):
-        return V(told)
     kind = event.event_type
     if kind in (EventType.TOOL_CALL_REQUESTED, EventType.TOOL_CALL_RETRIED):
         return V.NOT_OBSERVED
@@ -220,13 +216,28 @@ def fold_run(run_id: str, events: Iterable[EventView]) -> RunView:
     )
 
 
-async def run_events(session: AsyncSession, tenant: str, run_id: str) -> list[EventView]:
-    """The run's whole event log, in order."""
-    rows = await session.execute(
-        select(execution_events)
-        .where(execution_events.c.tenant == tenant, execution_events.c.run_id == run_id)
-        .order_by(execution_events.c.seq)
-    )
+async def run_events(
+    session: AsyncSession,
+    tenant: str,
+    run_id: str,
+    *,
+    after: str | None = None,
+    limit: int | None = None,
+) -> list[EventView]:
+    """The run's event log in order: all of it, or up to ``limit`` events after the
+    event ``after`` (:class:`ValidationFailed` if the run has no such event)."""
+    mine = (execution_events.c.tenant == tenant, execution_events.c.run_id == run_id)
+    query = select(execution_events).where(*mine)
+    if after is not None:
+        cursor = (
+            await session.execute(
+                select(execution_events.c.seq).where(execution_events.c.event_id == after, *mine)
+            )
+        ).scalar_one_or_none()
+        if cursor is None:
+            raise ValidationFailed(f"no event {after!r} in this run", after=after)
+        query = query.where(execution_events.c.seq > cursor)
+    rows = await session.execute(query.order_by(execution_events.c.seq).limit(limit))
     return [EventView.of(r._mapping) for r in rows]
 
 

@@ -9,7 +9,8 @@ leaves its call in ``dispatching`` with a lease that runs out. For such a call:
 
 Point B records the outcome in the same transaction as the status change, so "outcome
 recorded" shows as a call that is past ``dispatching``: a redelivered command for it is
-dropped by :func:`decide` and the sweep never sees it.
+not claimed again (:mod:`dispatcher.worker.claims`), and the sweep, which takes only
+``dispatching`` calls, never meets it (:func:`decide` would leave it be).
 """
 
 from __future__ import annotations
@@ -88,14 +89,17 @@ async def recover_expired(
                 side_effects = registry.get(m["capability_id"]).side_effects
             except CapabilityNotFound:
                 side_effects = True  # unknown means we cannot prove it is harmless
+            rule = decide(S(m["status"]), side_effects)
+            if rule is Recovery.REUSE_RECORDED:
+                continue  # the recorded outcome stands
             why = {
                 "reason": "worker lost between claim and outcome (lease expired)",
                 "deadWorker": m["lease_owner"],
-                "rule": decide(S.DISPATCHING, side_effects),
+                "rule": rule,
             }
             fence = Fence(m["lease_owner"], m["version"])
             released = {"lease_owner": None, "lease_expires_at": None}
-            if side_effects:
+            if rule is Recovery.MARK_UNKNOWN:
                 await move(
                     session,
                     m["tool_call_id"],
@@ -115,7 +119,7 @@ async def recover_expired(
                     },
                 )
                 report.marked_unknown.append(m["tool_call_id"])
-            else:
+            else:  # Recovery.REDISPATCH
                 moved = await move(
                     session,
                     m["tool_call_id"],

@@ -17,8 +17,7 @@ from typing import Any
 
 from dispatcher.client import DispatcherClient, WaitTimedOut
 from dispatcher.errors import ToolCallNotFound
-from dispatcher.intake.service import SubmitRequest
-from dispatcher.schemas import ToolCallView
+from dispatcher.schemas import SubmitRequest, ToolCallView
 from dispatcher.states import SETTLED_STATES
 from examples.agent_harness.checkpoint import PendingToolUse
 from examples.agent_harness.crash import CrashPlan

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import secrets
 import shutil
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,8 +19,14 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dispatcher.db.engine import engine_for
-from dispatcher.settings import Settings, hash_api_key
-from dispatcher.testing.chaos.checker import INVARIANTS, check, gather, unsettled_count
+from dispatcher.settings import Settings, environment_without_settings, hash_api_key
+from dispatcher.testing.chaos.checker import (
+    INVARIANTS,
+    Evidence,
+    check,
+    gather,
+    unsettled_count,
+)
 from dispatcher.testing.chaos.faults import Injector
 from dispatcher.testing.chaos.infra import Infrastructure, infrastructure
 from dispatcher.testing.chaos.load import APPROVED, READ_ONLY, SIDE_EFFECTS, Load
@@ -120,11 +126,6 @@ def chaos_env(
     }
 
 
-def _base_env() -> dict[str, str]:
-    # The run's settings only: nothing of the caller's TOOL_DISPATCHER_* leaks in.
-    return {k: v for k, v in os.environ.items() if not k.startswith("TOOL_DISPATCHER_")}
-
-
 async def run_chaos(options: ChaosOptions, settings: Settings) -> ChaosReport:
     started = time.monotonic()
     # Kept short ($TMPDIR, default /tmp): the embedded server's Unix socket lives in
@@ -152,15 +153,12 @@ async def _run(
     (work / "logs").mkdir()
     api_key = "tdk_chaos_" + secrets.token_urlsafe(16)
     tag = f"{options.seed}-{secrets.token_hex(3)}"
-    env = {**_base_env(), **chaos_env(work, infra, api_port=api_port, api_key=api_key, tag=tag)}
-    infra.topics = Settings(
-        kafka_bootstrap=infra.kafka_bootstrap,
-        dispatch_topic=env["TOOL_DISPATCHER_DISPATCH_TOPIC"],
-        events_topic=env["TOOL_DISPATCHER_EVENTS_TOPIC"],
-        escalations_topic=env["TOOL_DISPATCHER_ESCALATIONS_TOPIC"],
-        topic_partitions=int(env["TOOL_DISPATCHER_TOPIC_PARTITIONS"]),
-    )
-    await ensure_topics(infra.topics)
+    # The run's settings only: nothing of the caller's TOOL_DISPATCHER_* leaks in.
+    env = {
+        **environment_without_settings(),
+        **chaos_env(work, infra, api_port=api_port, api_key=api_key, tag=tag),
+    }
+    await _make_topics(infra, env)
     supervisor = _supervisor(work / "logs", env, sandbox_port, options.plant)
     engine = engine_for(infra.database_url, pool_size=2)
     load = Load(f"http://127.0.0.1:{api_port}", api_key, seed=options.seed, rate=options.rate)
@@ -188,52 +186,31 @@ async def _run(
         lifted = time.monotonic()
         settled = await _settle(engine, options.settle_timeout)
         done = time.monotonic()
-        settle_seconds = done - lifted if settled else None
-        last = injector.last_injected or lifted
-        since_last_fault = done - last if settled else None
         stop_approver.set()
         await approving
         await load.close()
-        stats = load.stats
         evidence = await gather(
             engine,
             sandbox_url,
-            [a.tool_call_id for a in stats.acks],
+            [a.tool_call_id for a in load.stats.acks],
             [
                 f"{m.original} answered {m.http_status} {m.answered}"
-                for m in stats.replay_mismatches
+                for m in load.stats.replay_mismatches
             ],
             read_only={READ_ONLY},
             dispatch_topic=env["TOOL_DISPATCHER_DISPATCH_TOPIC"],
         )
-        violations = check(evidence)
-        if supervisor.unexpected_exits.get("sandbox"):
-            violations[3].append("the sandbox restarted: its books are incomplete")
-        return ChaosReport(
-            seed=options.seed,
-            duration_seconds=options.duration,
-            plant=options.plant,
-            infrastructure={
-                "database": "embedded PostgreSQL" if infra.owns_database else "configured server",
-                "broker": "embedded Tansu" if infra.owns_broker else "configured broker",
-            },
-            submissions=stats.summary(),
-            calls_by_status=dict(
-                sorted(Counter(c.status.value for c in evidence.calls.values()).items())
-            ),
-            faults=dict(sorted(injector.injected.items())),
-            fault_log=injector.log,
-            unexpected_exits=dict(sorted(supervisor.unexpected_exits.items())),
-            violations=violations,
-            settled=settled,
-            settle_seconds=settle_seconds,
-            since_last_fault_seconds=since_last_fault,
+        return _report(
+            options,
+            infra,
+            work,
+            load,
+            injector,
+            supervisor,
+            evidence,
+            settle_seconds=done - lifted if settled else None,
+            since_last_fault_seconds=done - (injector.last_injected or lifted) if settled else None,
             wall_seconds=time.monotonic() - started,
-            effects_applied=sum(evidence.effects.values()),
-            commands_reemitted=evidence.commands_reemitted,
-            taken_over=evidence.taken_over,
-            escalation_reasons=dict(evidence.escalation_reasons),
-            fenced=_count_in_logs(work / "logs", "worker-", "not recorded: lease lost"),
         )
     finally:
         if watcher is not None:
@@ -241,6 +218,62 @@ async def _run(
         await asyncio.to_thread(supervisor.stop_all)
         await proxy.stop()
         await engine.dispose()
+
+
+async def _make_topics(infra: Infrastructure, env: Mapping[str, str]) -> None:
+    """The run's own topics, named in its environment."""
+    infra.topics = Settings(
+        kafka_bootstrap=infra.kafka_bootstrap,
+        dispatch_topic=env["TOOL_DISPATCHER_DISPATCH_TOPIC"],
+        events_topic=env["TOOL_DISPATCHER_EVENTS_TOPIC"],
+        escalations_topic=env["TOOL_DISPATCHER_ESCALATIONS_TOPIC"],
+        topic_partitions=int(env["TOOL_DISPATCHER_TOPIC_PARTITIONS"]),
+    )
+    await ensure_topics(infra.topics)
+
+
+def _report(
+    options: ChaosOptions,
+    infra: Infrastructure,
+    work: Path,
+    load: Load,
+    injector: Injector,
+    supervisor: Supervisor,
+    evidence: Evidence,
+    *,
+    settle_seconds: float | None,
+    since_last_fault_seconds: float | None,
+    wall_seconds: float,
+) -> ChaosReport:
+    violations = check(evidence)
+    if supervisor.unexpected_exits.get("sandbox"):
+        violations[3].append("the sandbox restarted: its books are incomplete")
+    return ChaosReport(
+        seed=options.seed,
+        duration_seconds=options.duration,
+        plant=options.plant,
+        infrastructure={
+            "database": "embedded PostgreSQL" if infra.owns_database else "configured server",
+            "broker": "embedded Tansu" if infra.owns_broker else "configured broker",
+        },
+        submissions=load.stats.summary(),
+        calls_by_status=dict(
+            sorted(Counter(c.status.value for c in evidence.calls.values()).items())
+        ),
+        faults=dict(sorted(injector.injected.items())),
+        fault_log=injector.log,
+        unexpected_exits=dict(sorted(supervisor.unexpected_exits.items())),
+        violations=violations,
+        settled=settle_seconds is not None,
+        settle_seconds=settle_seconds,
+        since_last_fault_seconds=since_last_fault_seconds,
+        wall_seconds=wall_seconds,
+        effects_applied=sum(evidence.effects.values()),
+        commands_reemitted=evidence.commands_reemitted,
+        taken_over=evidence.taken_over,
+        escalation_reasons=dict(evidence.escalation_reasons),
+        fenced=_count_in_logs(work / "logs", "worker-", "not recorded: lease lost"),
+    )
 
 
 def _supervisor(

@@ -1,0 +1,40 @@
+"""A call's idempotency key and request fingerprint: how intake derives them, and what
+an approval binds itself to."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from dispatcher.capabilities import render_key_template
+from dispatcher.schemas import SubmitRequest
+
+
+def fingerprint(capability_id: str, call_input: dict[str, Any]) -> str:
+    """Hash of the canonical JSON of what the call would do."""
+    canonical = json.dumps(
+        {"capabilityId": capability_id, "input": call_input},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def default_key(request: SubmitRequest, tool_call_id: str, template: str | None) -> str:
+    """The key of a request that names none: the capability's template rendered over
+    the request, or else the call's id."""
+    if template is None:
+        return tool_call_id
+    return render_key_template(
+        template,
+        {
+            "input": request.input,
+            "runId": request.run_id,
+            "turnId": request.turn_id,
+            "capabilityId": request.capability_id,
+            "correlationId": request.correlation_id,
+            "toolCallId": tool_call_id,
+        },
+    )
