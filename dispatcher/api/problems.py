@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa
 from starlette.exceptions import HTTPException
 
-from dispatcher.errors import DispatcherError, ServiceUnavailable
+from dispatcher.errors import DispatcherError, InternalError, ServiceUnavailable, ValidationFailed
 from dispatcher.metrics import INTAKE_SUBMISSIONS
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ _HTTP_CODES = {
 }
 
 
-def problem(status: int, code: str, title: str, detail: str, **extra: Any) -> JSONResponse:
+def _problem(status: int, code: str, title: str, detail: str, **extra: Any) -> JSONResponse:
     body = {
         "type": f"urn:tool-dispatcher:problem:{code}",
         "title": title,
@@ -36,6 +36,24 @@ def problem(status: int, code: str, title: str, detail: str, **extra: Any) -> JS
         **extra,
     }
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON)
+
+
+def answer(exc: DispatcherError) -> JSONResponse:
+    """The problem+json answer to ``exc``. An internal error's detail names the
+    program's own states: it goes to the log (the caller's job), the client learns only
+    that the service failed."""
+    if isinstance(exc, InternalError):
+        return _internal()
+    return _problem(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
+
+
+def _internal() -> JSONResponse:
+    return _problem(
+        InternalError.status,
+        InternalError.code,
+        InternalError.title,
+        "an unexpected error occurred",
+    )
 
 
 def database_unavailable(exc: BaseException) -> bool:
@@ -66,7 +84,9 @@ def install(app: FastAPI) -> None:
     async def dispatcher_error(request: Request, exc: DispatcherError) -> JSONResponse:
         if request.url.path == "/v1/tool-calls" and request.method == "POST":
             INTAKE_SUBMISSIONS.labels(exc.code).inc()
-        return problem(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
+        if isinstance(exc, InternalError):
+            log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+        return answer(exc)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -78,18 +98,14 @@ def install(app: FastAPI) -> None:
             }
             for err in exc.errors()
         ]
-        return problem(
-            400,
-            "validation_failed",
-            "The request is not valid",
-            "the request body or parameters are not valid",
-            errors=errors,
+        return answer(
+            ValidationFailed("the request body or parameters are not valid", errors=errors)
         )
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         code, title = _HTTP_CODES.get(exc.status_code, ("http_error", "HTTP error"))
-        return problem(exc.status_code, code, title, str(exc.detail))
+        return _problem(exc.status_code, code, title, str(exc.detail))
 
     async def database_error(request: Request, exc: Exception) -> JSONResponse:
         if not database_unavailable(exc):
@@ -104,8 +120,7 @@ def install(app: FastAPI) -> None:
             request.url.path,
             (str(exc).splitlines() or [exc.__class__.__name__])[0],
         )
-        unavailable = ServiceUnavailable("the database is not reachable; try again")
-        return problem(unavailable.status, unavailable.code, unavailable.title, unavailable.detail)
+        return answer(ServiceUnavailable("the database is not reachable; try again"))
 
     # Registered apart from ``unexpected``: Starlette re-raises whatever reaches the
     # catch-all handler after answering, and the server then logs it as a crash.
@@ -115,4 +130,4 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return problem(500, "internal_error", "Internal error", "an unexpected error occurred")
+        return _internal()
