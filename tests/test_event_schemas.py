@@ -33,6 +33,7 @@ from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC
 from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC, EventType, envelope
 from dispatcher.provider.client import ProviderClient
 from dispatcher.schemas import EventView
+from dispatcher.states import EscalationStatus
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.views.run_view import fold_run
@@ -197,9 +198,7 @@ async def scenario(
 
     # The escalation: acknowledged, then resolved by an operator.
     async with sessions() as session:
-        opened = await escalations.list_escalations(
-            session, status=escalations.EscalationStatus.OPEN
-        )
+        opened = await escalations.list_escalations(session, status=EscalationStatus.OPEN)
     # The blind call cannot be looked up; neither can the "send" call recovery left unknown.
     [open_one] = [e for e in opened if e.tool_call_id == blind]
     async with sessions() as session, session.begin():

@@ -13,8 +13,9 @@ from dispatcher.api.auth import ApiKeyAuth
 from dispatcher.api.bodies import parse_body
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control import approvals
-from dispatcher.control.approvals import ApprovalStatus, DecisionRequest
+from dispatcher.control.approvals import DecisionRequest
 from dispatcher.settings import Settings
+from dispatcher.states import ApprovalStatus
 
 JSON = "application/json"
 Sessions = Callable[[], async_sessionmaker[AsyncSession]]

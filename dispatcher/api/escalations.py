@@ -13,8 +13,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.api.auth import ApiKeyAuth
 from dispatcher.api.bodies import parse_body
 from dispatcher.control import escalations
-from dispatcher.control.escalations import EscalationStatus, ResolveRequest
+from dispatcher.control.escalations import ResolveRequest
 from dispatcher.settings import Settings
+from dispatcher.states import EscalationStatus
 
 JSON = "application/json"
 Sessions = Callable[[], async_sessionmaker[AsyncSession]]

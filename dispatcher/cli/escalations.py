@@ -19,10 +19,11 @@ from sqlalchemy.exc import OperationalError
 
 from dispatcher.cli.parsing import OneLineArgumentParser
 from dispatcher.control import escalations
-from dispatcher.control.escalations import Actor, EscalationStatus, EscalationView, Finding
+from dispatcher.control.escalations import Actor, EscalationView, Finding
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.errors import DispatcherError, EscalationAlreadyResolved
 from dispatcher.settings import Settings
+from dispatcher.states import EscalationStatus
 
 
 def register(subparsers: Any) -> None:

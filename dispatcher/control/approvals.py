@@ -29,17 +29,17 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from datetime import datetime
-from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control.escalations import Actor
 from dispatcher.control.runs import lock_run
+from dispatcher.control.statuses import approval_update
 from dispatcher.db.tables import approvals, execution_events, outbox, tool_calls
 from dispatcher.errors import (
     ApprovalAlreadyDecided,
@@ -55,22 +55,10 @@ from dispatcher.errors import (
 from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC, dispatch_command, fingerprint
 from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC, CallContext, EventType
 from dispatcher.ledger.transitions import BulkMove, move, move_many
+from dispatcher.states import ApprovalStatus
 from dispatcher.states import ExecutionStatus as S
 
 PRODUCER = "tool-dispatcher.approvals"
-
-
-class ApprovalStatus(StrEnum):
-    PENDING = "pending"
-    """Waiting for a human."""
-    APPROVED = "approved"
-    """A human approved; the call was authorized."""
-    REJECTED = "rejected"
-    """A human refused; the call was rejected."""
-    EXPIRED = "expired"
-    """Nobody decided in time; the call was cancelled."""
-    CANCELLED = "cancelled"
-    """The run was stopped first; the call was cancelled."""
 
 
 class DecisionRequest(BaseModel):
@@ -199,13 +187,9 @@ async def decide(
     )
     row = (
         await session.execute(
-            update(approvals)
-            .where(
-                approvals.c.approval_id == approval_id,
-                approvals.c.status == ApprovalStatus.PENDING.value,
-            )
+            approval_update(current.status, closed)
+            .where(approvals.c.approval_id == approval_id)
             .values(
-                status=closed.value,
                 decision=request.decision,
                 decided_by=actor.name,
                 decision_reason=request.reason,
@@ -331,9 +315,9 @@ async def expire_due(
     )
     closed = (
         await session.execute(
-            update(approvals)
+            approval_update(ApprovalStatus.PENDING, ApprovalStatus.EXPIRED)
             .where(approvals.c.approval_id.in_([r.approval_id for r in due]))
-            .values(status=ApprovalStatus.EXPIRED.value, closed_at=func.now())
+            .values(closed_at=func.now())
             .returning(approvals.c.approval_id)
         )
     ).scalars()

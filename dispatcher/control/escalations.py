@@ -24,9 +24,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-from sqlalchemy import case, func, insert, select, update
+from sqlalchemy import case, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from dispatcher.control.statuses import escalation_update
 from dispatcher.db.tables import escalations, execution_events, outbox, tool_calls
 from dispatcher.errors import EscalationAlreadyResolved, EscalationNotFound
 from dispatcher.ledger.events import (
@@ -37,8 +38,8 @@ from dispatcher.ledger.events import (
     record_events,
 )
 from dispatcher.ledger.transitions import move
+from dispatcher.states import EscalationStatus, ReconciliationStatus, VerificationStatus
 from dispatcher.states import ExecutionStatus as S
-from dispatcher.states import ReconciliationStatus, VerificationStatus
 from outbox_relay import OutboxMessage
 
 DEFAULT_ESCALATIONS_TOPIC = "tool-dispatcher.escalations"
@@ -56,15 +57,6 @@ class Finding(StrEnum):
     """The effect did not happen: ``confirmed`` (verification confirmed_failure)."""
     COMPENSATED = "compensated"
     """The effect happened and has been undone: ``compensated``."""
-
-
-class EscalationStatus(StrEnum):
-    OPEN = "open"
-    """Waiting for someone to look at it."""
-    ACKNOWLEDGED = "acknowledged"
-    """Someone owns it."""
-    RESOLVED = "resolved"
-    """Settled by an operator's finding; final."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,10 +274,9 @@ async def acknowledge(
         return current
     row = (
         await session.execute(
-            update(escalations)
+            escalation_update(current.status, EscalationStatus.ACKNOWLEDGED)
             .where(escalations.c.escalation_id == escalation_id)
             .values(
-                status=EscalationStatus.ACKNOWLEDGED.value,
                 acknowledged_at=func.now(),
                 acknowledged_by=actor.label,
             )
@@ -358,10 +349,9 @@ async def resolve(
     )
     row = (
         await session.execute(
-            update(escalations)
+            escalation_update(current.status, EscalationStatus.RESOLVED)
             .where(escalations.c.escalation_id == escalation_id)
             .values(
-                status=EscalationStatus.RESOLVED.value,
                 resolved_at=func.now(),
                 resolved_by=actor.label,
                 finding=finding.value,

@@ -33,10 +33,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control.compensation import request_compensation
 from dispatcher.control.escalations import Actor
+from dispatcher.control.statuses import approval_update
 from dispatcher.db.tables import approvals, runs, tool_calls
 from dispatcher.errors import CapabilityNotFound
 from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC, EventType, record_events, run_event_row
 from dispatcher.ledger.transitions import BulkMove, move_many
+from dispatcher.states import ApprovalStatus
 from dispatcher.states import ExecutionStatus as S
 
 PRODUCER = "tool-dispatcher.operator"
@@ -155,7 +157,7 @@ async def stop_run(
         .where(
             approvals.c.tenant == tenant,
             approvals.c.run_id == run_id,
-            approvals.c.status == "pending",
+            approvals.c.status == ApprovalStatus.PENDING.value,
         )
         .with_for_update()
     )
@@ -187,9 +189,9 @@ async def stop_run(
     cancelled_ids = [row.tool_call_id for row in cancelled]
     if cancelled_ids:
         await session.execute(
-            update(approvals)
-            .where(approvals.c.tool_call_id.in_(cancelled_ids), approvals.c.status == "pending")
-            .values(status="cancelled", closed_at=func.now())
+            approval_update(ApprovalStatus.PENDING, ApprovalStatus.CANCELLED)
+            .where(approvals.c.tool_call_id.in_(cancelled_ids))
+            .values(closed_at=func.now())
         )
     flying = (
         await session.execute(
