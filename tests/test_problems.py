@@ -1,6 +1,7 @@
 """The one mapping of errors to problem+json (``dispatcher.api.problems``), served by a
 real uvicorn: an internal error is logged and answered as a plain 500, and the body
-limit answers its 413 through the same mapping."""
+limit answers its 413 through the same mapping, and a database error answers 503 only
+when trying again may help."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import ASGIApp
 
 from dispatcher.api import problems
@@ -33,6 +36,19 @@ def app_raising(exc: Exception) -> ASGIApp:
         raise exc
 
     return BodyLimit(app, LIMIT)
+
+
+def app_running(engine: AsyncEngine, statements: list[str]) -> ASGIApp:
+    app = FastAPI()
+    problems.install(app)
+
+    @app.post("/query")
+    async def query() -> None:
+        async with engine.connect() as conn:
+            for statement in statements:
+                await conn.execute(text(statement))
+
+    return app
 
 
 @contextlib.asynccontextmanager
@@ -86,3 +102,25 @@ async def test_the_body_limit_answers_through_the_mapping() -> None:
         "detail": f"the body is larger than {LIMIT} bytes",
         "maxBytes": LIMIT,
     }
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("statements", "status"),
+    [
+        pytest.param(["SELECT 1/0"], 500, id="data-error"),
+        pytest.param(["SELECT * FROM nowhere"], 500, id="undefined-table"),
+        pytest.param(["SELECT array_fill(1, ARRAY[1000000000])"], 503, id="program-limit"),
+        pytest.param(
+            ["SET statement_timeout = '10ms'", "SELECT pg_sleep(1)"], 503, id="statement-timeout"
+        ),
+    ],
+)
+async def test_database_errors_answer_503_only_when_retrying_may_help(
+    engine: AsyncEngine, statements: list[str], status: int
+) -> None:
+    async with serving(app_running(engine, statements)) as http:
+        response = await http.post("/query")
+
+    assert response.status_code == status
+    assert response.json()["code"] == {500: "internal_error", 503: "service_unavailable"}[status]

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import traceback
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -13,6 +12,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa
 from starlette.exceptions import HTTPException
 
+from dispatcher.db.errors import DbErrorClass, classify
 from dispatcher.errors import DispatcherError, InternalError, ServiceUnavailable, ValidationFailed
 from dispatcher.metrics import INTAKE_SUBMISSIONS
 
@@ -56,27 +56,17 @@ def _internal() -> JSONResponse:
     )
 
 
-def database_unavailable(exc: BaseException) -> bool:
-    """Whether ``exc`` means the database could not be reached or used for now, as
-    opposed to a bug that retrying cannot fix (``ProgrammingError``, ``IntegrityError``,
-    ``DataError``: those stay 500)."""
-    if isinstance(exc, sa.DBAPIError):
-        # OperationalError covers refused and dropped connections, server shutdown,
-        # statement timeouts and serialization failures; InterfaceError a connection
-        # the driver already closed.
-        return exc.connection_invalidated or isinstance(
-            exc, (sa.OperationalError, sa.InterfaceError)
-        )
-    if isinstance(exc, (sa.DisconnectionError, sa.TimeoutError)):
-        return True  # sa.TimeoutError: no pooled connection came free in time
-    if isinstance(exc, OSError):  # builtins.TimeoutError is an OSError too
-        # Only when the pool or the driver raised it unwrapped; an OSError of the
-        # application's own (a file it reads) is a bug, not an outage.
-        return any(
-            str(frame.f_globals.get("__name__", "")).startswith(("sqlalchemy.", "psycopg"))
-            for frame, _ in traceback.walk_tb(exc.__traceback__)
-        )
-    return False
+# What answers 503 (safe to retry): what a later try may cure, and program limits,
+# which have always answered 503 like every OperationalError (whether they are the
+# client's fault, a 400, is not decided here yet). Data errors and bugs answer 500.
+_UNAVAILABLE = frozenset(
+    {
+        DbErrorClass.UNAVAILABLE,
+        DbErrorClass.CONTENTION,
+        DbErrorClass.TRANSIENT,
+        DbErrorClass.PROGRAM_LIMIT,
+    }
+)
 
 
 def install(app: FastAPI) -> None:
@@ -108,7 +98,7 @@ def install(app: FastAPI) -> None:
         return _problem(exc.status_code, code, title, str(exc.detail))
 
     async def database_error(request: Request, exc: Exception) -> JSONResponse:
-        if not database_unavailable(exc):
+        if classify(exc) not in _UNAVAILABLE:
             raise exc  # a bug: on to ``unexpected`` and its 500
         # The answer intake gives (dispatcher.intake.batcher), so a client has one rule:
         # 503 service_unavailable is safe to retry. A warning without a traceback: an

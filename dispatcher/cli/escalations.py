@@ -15,12 +15,11 @@ import json
 import sys
 from typing import Any
 
-from sqlalchemy.exc import OperationalError
-
 from dispatcher.cli.parsing import OneLineArgumentParser
 from dispatcher.control import escalations
 from dispatcher.control.escalations import Actor, EscalationView, Finding
 from dispatcher.db.engine import create_engine, session_factory
+from dispatcher.db.errors import DbErrorClass, classify
 from dispatcher.errors import DispatcherError, EscalationAlreadyResolved
 from dispatcher.settings import Settings
 from dispatcher.states import EscalationStatus
@@ -65,7 +64,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return _fail(exc.detail, 1)
     except DispatcherError as exc:
         return _fail(exc.detail)
-    except (OperationalError, OSError) as exc:
+    except Exception as exc:
+        if classify(exc) is not DbErrorClass.UNAVAILABLE:
+            raise
         return _fail(f"cannot reach the database: {type(exc).__name__}", 1)
 
 
