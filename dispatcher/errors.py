@@ -1,5 +1,41 @@
-"""The dispatcher's error root. Each error knows its stable ``code`` and HTTP status;
-the API turns them into problem+json in one place (:mod:`dispatcher.api.problems`)."""
+"""The dispatcher's errors: one tree. Each leaf names its stable ``code`` (public: the
+README lists them, the HTTP client maps them back to these classes); a branch names
+the HTTP status and title its leaves share, and whether trying again can help
+(``retriable``). :mod:`dispatcher.api.problems` is the one place that turns them into
+problem+json.
+
+    DispatcherError                    500 internal_error (the root; never raised itself)
+    ├── InvalidRequest                 400 the request itself is wrong; resending it fails again
+    │   ├── ValidationFailed               validation_failed
+    │   └── PayloadTooLarge            413 payload_too_large
+    ├── Unauthenticated                401 unauthenticated
+    ├── Forbidden                      403 forbidden (the key lacks the scope)
+    │   └── SelfApprovalForbidden          self_approval_forbidden
+    ├── NotFound                       404 (another tenant's things are not found either)
+    │   ├── CapabilityNotFound             capability_not_found
+    │   ├── ToolCallNotFound               tool_call_not_found
+    │   ├── RunNotFound                    run_not_found
+    │   ├── ApprovalNotFound               approval_not_found
+    │   └── EscalationNotFound             escalation_not_found
+    ├── Conflict                       409 the state of what it names does not allow it
+    │   ├── ToolCallIdConflict             tool_call_id_conflict
+    │   ├── TransitionConflict             transition_conflict (retriable: moved concurrently)
+    │   ├── RunStopped                     run_stopped
+    │   ├── CapabilityUnavailable          capability_unavailable
+    │   ├── RetryNotAllowed                retry_not_allowed
+    │   ├── ApprovalAlreadyDecided         approval_already_decided
+    │   ├── ApprovalExpired                approval_expired
+    │   ├── ApprovalStale                  approval_stale
+    │   └── EscalationAlreadyResolved      escalation_already_resolved
+    ├── Unprocessable                  422 well-formed, but contradicts what is recorded
+    │   └── IdempotencyKeyReused           idempotency_key_reused
+    ├── ServiceUnavailable             503 service_unavailable (retriable: send it again)
+    └── InternalError                  500 internal_error: a bug of this program, not the client's
+        └── IllegalTransition              a move the transition tables forbid
+
+An :class:`InternalError` is logged with its traceback and answered as a plain
+``internal_error``: its detail is for the log, not for the client, who cannot cause it.
+"""
 
 from __future__ import annotations
 
@@ -20,12 +56,49 @@ class DispatcherError(Exception):
         self.extra = extra
 
 
-class ValidationFailed(DispatcherError):
-    code, status, title = "validation_failed", 400, "The request is not valid"
+class InvalidRequest(DispatcherError):
+    """The request is malformed; sending it again unchanged fails again."""
+
+    status, title = 400, "Invalid request"
 
 
-class CapabilityNotFound(DispatcherError):
-    code, status, title = "capability_not_found", 404, "Unknown capability"
+class ValidationFailed(InvalidRequest):
+    code, title = "validation_failed", "The request is not valid"
+
+
+class PayloadTooLarge(InvalidRequest):
+    code, status, title = "payload_too_large", 413, "Request body too large"
+
+
+class Unauthenticated(DispatcherError):
+    """No API key, or one that is not configured."""
+
+    code, status, title = "unauthenticated", 401, "Missing or invalid credentials"
+
+
+class Forbidden(DispatcherError):
+    """The caller is known but not allowed to do this."""
+
+    code, status, title = "forbidden", 403, "Not allowed"
+
+
+class SelfApprovalForbidden(Forbidden):
+    code, title = "self_approval_forbidden", "Self-approval is not allowed"
+
+    def __init__(self, approval_id: str, who: str) -> None:
+        super().__init__(
+            f"{who!r} submitted this call and cannot approve it", approvalId=approval_id
+        )
+
+
+class NotFound(DispatcherError):
+    """What the request names does not exist (or belongs to another tenant)."""
+
+    status, title = 404, "Not found"
+
+
+class CapabilityNotFound(NotFound):
+    code, title = "capability_not_found", "Unknown capability"
 
     def __init__(self, capability_id: str) -> None:
         super().__init__(
@@ -33,26 +106,42 @@ class CapabilityNotFound(DispatcherError):
         )
 
 
-class ToolCallNotFound(DispatcherError):
-    code, status, title = "tool_call_not_found", 404, "Tool call not found"
+class ToolCallNotFound(NotFound):
+    code, title = "tool_call_not_found", "Tool call not found"
 
     def __init__(self, tool_call_id: str) -> None:
         super().__init__(f"no tool call {tool_call_id!r}", toolCallId=tool_call_id)
 
 
-class IdempotencyKeyReused(DispatcherError):
-    code, status, title = "idempotency_key_reused", 422, "Idempotency key reused"
+class RunNotFound(NotFound):
+    code, title = "run_not_found", "Run not found"
 
-    def __init__(self, key: str, tool_call_id: str) -> None:
-        super().__init__(
-            "this idempotency key was already used for a different request",
-            idempotencyKey=key,
-            toolCallId=tool_call_id,
-        )
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run {run_id!r}", runId=run_id)
 
 
-class ToolCallIdConflict(DispatcherError):
-    code, status, title = "tool_call_id_conflict", 409, "Tool call id already used"
+class ApprovalNotFound(NotFound):
+    code, title = "approval_not_found", "Approval not found"
+
+    def __init__(self, approval_id: str) -> None:
+        super().__init__(f"no approval {approval_id!r}", approvalId=approval_id)
+
+
+class EscalationNotFound(NotFound):
+    code, title = "escalation_not_found", "Escalation not found"
+
+    def __init__(self, escalation_id: str) -> None:
+        super().__init__(f"no escalation {escalation_id!r}", escalationId=escalation_id)
+
+
+class Conflict(DispatcherError):
+    """What the request names is in a state that does not allow it."""
+
+    status, title = 409, "Conflict"
+
+
+class ToolCallIdConflict(Conflict):
+    code, title = "tool_call_id_conflict", "Tool call id already used"
 
     def __init__(self, tool_call_id: str) -> None:
         super().__init__(
@@ -61,68 +150,40 @@ class ToolCallIdConflict(DispatcherError):
         )
 
 
-class IllegalTransition(DispatcherError):
-    code, status, title = "illegal_transition", 409, "Illegal state transition"
-
-    def __init__(self, current: str, target: str) -> None:
-        super().__init__(
-            f"a call in {current!r} cannot move to {target!r}", current=current, target=target
-        )
-
-
-class TransitionConflict(DispatcherError):
+class TransitionConflict(Conflict):
     """The call was not in the expected state (another worker moved it first)."""
 
-    code, status, title = "transition_conflict", 409, "The call changed concurrently"
+    code, title = "transition_conflict", "The call changed concurrently"
     retriable = True
 
 
-class EscalationNotFound(DispatcherError):
-    code, status, title = "escalation_not_found", 404, "Escalation not found"
+class RunStopped(Conflict):
+    code, title = "run_stopped", "Run stopped"
 
-    def __init__(self, escalation_id: str) -> None:
-        super().__init__(f"no escalation {escalation_id!r}", escalationId=escalation_id)
-
-
-class EscalationAlreadyResolved(DispatcherError):
-    code, status, title = "escalation_already_resolved", 409, "Escalation already resolved"
-
-    def __init__(self, escalation_id: str, finding: str | None) -> None:
-        super().__init__(
-            f"escalation {escalation_id!r} was already resolved ({finding})",
-            escalationId=escalation_id,
-            finding=finding,
-        )
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id!r} was stopped and accepts no more calls", runId=run_id)
 
 
-class Unauthenticated(DispatcherError):
-    code, status, title = "unauthenticated", 401, "Missing or invalid credentials"
+class CapabilityUnavailable(Conflict):
+    """The capability was removed or disabled since the call was proposed."""
+
+    code, title = "capability_unavailable", "Capability unavailable"
+
+    def __init__(self, capability_id: str, why: str) -> None:
+        super().__init__(f"capability {capability_id!r} {why}", capabilityId=capability_id)
 
 
-class Forbidden(DispatcherError):
-    code, status, title = "forbidden", 403, "Not allowed"
+class RetryNotAllowed(Conflict):
+    code, title = "retry_not_allowed", "Retry not allowed"
+
+    def __init__(self, tool_call_id: str, status: str, reason: str) -> None:
+        super().__init__(reason, toolCallId=tool_call_id, currentStatus=status)
 
 
-class PayloadTooLarge(DispatcherError):
-    code, status, title = "payload_too_large", 413, "Request body too large"
-
-
-class ServiceUnavailable(DispatcherError):
-    code, status, title = "service_unavailable", 503, "Temporarily unavailable"
-    retriable = True
-
-
-class ApprovalNotFound(DispatcherError):
-    code, status, title = "approval_not_found", 404, "Approval not found"
-
-    def __init__(self, approval_id: str) -> None:
-        super().__init__(f"no approval {approval_id!r}", approvalId=approval_id)
-
-
-class ApprovalAlreadyDecided(DispatcherError):
+class ApprovalAlreadyDecided(Conflict):
     """The first decision won; this one changes nothing."""
 
-    code, status, title = "approval_already_decided", 409, "Approval already decided"
+    code, title = "approval_already_decided", "Approval already decided"
 
     def __init__(self, approval_id: str, decision: str | None, decided_by: str | None) -> None:
         super().__init__(
@@ -133,8 +194,8 @@ class ApprovalAlreadyDecided(DispatcherError):
         )
 
 
-class ApprovalExpired(DispatcherError):
-    code, status, title = "approval_expired", 409, "Approval expired"
+class ApprovalExpired(Conflict):
+    code, title = "approval_expired", "Approval expired"
 
     def __init__(self, approval_id: str, expires_at: str) -> None:
         super().__init__(
@@ -144,10 +205,10 @@ class ApprovalExpired(DispatcherError):
         )
 
 
-class ApprovalStale(DispatcherError):
+class ApprovalStale(Conflict):
     """The call's input or the capability's policy changed since the approval was asked."""
 
-    code, status, title = "approval_stale", 409, "Approval no longer matches the call"
+    code, title = "approval_stale", "Approval no longer matches the call"
 
     def __init__(self, approval_id: str, what: str) -> None:
         super().__init__(
@@ -157,40 +218,50 @@ class ApprovalStale(DispatcherError):
         )
 
 
-class SelfApprovalForbidden(DispatcherError):
-    code, status, title = "self_approval_forbidden", 403, "Self-approval is not allowed"
+class EscalationAlreadyResolved(Conflict):
+    code, title = "escalation_already_resolved", "Escalation already resolved"
 
-    def __init__(self, approval_id: str, who: str) -> None:
+    def __init__(self, escalation_id: str, finding: str | None) -> None:
         super().__init__(
-            f"{who!r} submitted this call and cannot approve it", approvalId=approval_id
+            f"escalation {escalation_id!r} was already resolved ({finding})",
+            escalationId=escalation_id,
+            finding=finding,
         )
 
 
-class CapabilityUnavailable(DispatcherError):
-    """The capability was removed or disabled since the call was proposed."""
+class Unprocessable(DispatcherError):
+    """The request is well-formed but contradicts what is already recorded."""
 
-    code, status, title = "capability_unavailable", 409, "Capability unavailable"
-
-    def __init__(self, capability_id: str, why: str) -> None:
-        super().__init__(f"capability {capability_id!r} {why}", capabilityId=capability_id)
+    status, title = 422, "Unprocessable request"
 
 
-class RunStopped(DispatcherError):
-    code, status, title = "run_stopped", 409, "Run stopped"
+class IdempotencyKeyReused(Unprocessable):
+    code, title = "idempotency_key_reused", "Idempotency key reused"
 
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"run {run_id!r} was stopped and accepts no more calls", runId=run_id)
-
-
-class RunNotFound(DispatcherError):
-    code, status, title = "run_not_found", 404, "Run not found"
-
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"no run {run_id!r}", runId=run_id)
+    def __init__(self, key: str, tool_call_id: str) -> None:
+        super().__init__(
+            "this idempotency key was already used for a different request",
+            idempotencyKey=key,
+            toolCallId=tool_call_id,
+        )
 
 
-class RetryNotAllowed(DispatcherError):
-    code, status, title = "retry_not_allowed", 409, "Retry not allowed"
+class ServiceUnavailable(DispatcherError):
+    """A dependency (the database) cannot be used right now. Sending the same request
+    again is safe: intake replays a recorded call by its idempotency key."""
 
-    def __init__(self, tool_call_id: str, status: str, reason: str) -> None:
-        super().__init__(reason, toolCallId=tool_call_id, currentStatus=status)
+    code, status, title = "service_unavailable", 503, "Temporarily unavailable"
+    retriable = True
+
+
+class InternalError(DispatcherError):
+    """A bug of this program: an invariant does not hold. No client can cause it."""
+
+
+class IllegalTransition(InternalError):
+    """The code asked for a move its transition table forbids (:mod:`dispatcher.states`)."""
+
+    def __init__(self, current: str, target: str, *, subject: str = "a call") -> None:
+        super().__init__(
+            f"{subject} in {current!r} cannot move to {target!r}", current=current, target=target
+        )

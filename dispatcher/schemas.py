@@ -16,6 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from dispatcher.states import ApprovalStatus, EscalationStatus
+
 
 class _View(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
@@ -143,19 +145,6 @@ class StopResult(_View):
     in_flight: list[str] = Field(default_factory=list)
 
 
-class ApprovalStatus(StrEnum):
-    PENDING = "pending"
-    """Waiting for a human."""
-    APPROVED = "approved"
-    """A human approved; the call was authorized."""
-    REJECTED = "rejected"
-    """A human refused; the call was rejected."""
-    EXPIRED = "expired"
-    """Nobody decided in time; the call was cancelled."""
-    CANCELLED = "cancelled"
-    """The run was stopped first; the call was cancelled."""
-
-
 class ApprovalView(_View):
     """An approval as the API shows it."""
 
@@ -189,15 +178,6 @@ class Finding(StrEnum):
     """The effect did not happen: ``confirmed`` (verification confirmed_failure)."""
     COMPENSATED = "compensated"
     """The effect happened and has been undone: ``compensated``."""
-
-
-class EscalationStatus(StrEnum):
-    OPEN = "open"
-    """Waiting for someone to look at it."""
-    ACKNOWLEDGED = "acknowledged"
-    """Someone owns it."""
-    RESOLVED = "resolved"
-    """Settled by an operator's finding; final."""
 
 
 class ResolveRequest(BaseModel):

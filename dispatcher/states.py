@@ -1,12 +1,17 @@
-"""Execution and verification states, and the one table of allowed transitions.
+"""Every status enum, and one table of allowed transitions per lifecycle.
 
 Pure data: :mod:`dispatcher.ledger.transitions` is the only code that moves a call, and it
-asks :func:`check_transition` first.
+asks :func:`check_transition` first; :mod:`dispatcher.control.statuses` moves approvals
+and escalations by :data:`APPROVAL_TRANSITIONS` and :data:`ESCALATION_TRANSITIONS`. The
+CHECK constraints of the status columns are built from these enums
+(:mod:`dispatcher.db.tables`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from typing import TypeVar
 
 from dispatcher.errors import IllegalTransition
 
@@ -95,12 +100,78 @@ TERMINAL_STATES: frozenset[ExecutionStatus] = frozenset(
 SETTLED_STATES: frozenset[ExecutionStatus] = TERMINAL_STATES | {S.ESCALATED}
 
 
+class ApprovalStatus(StrEnum):
+    """Where a human approval of a call is; only ``pending`` is open."""
+
+    PENDING = "pending"
+    """Waiting for a human."""
+    APPROVED = "approved"
+    """A human approved; the call was authorized."""
+    REJECTED = "rejected"
+    """A human refused; the call was rejected."""
+    EXPIRED = "expired"
+    """Nobody decided in time; the call was cancelled."""
+    CANCELLED = "cancelled"
+    """The run was stopped first; the call was cancelled."""
+
+
+A = ApprovalStatus
+
+# Decided once: every exit of ``pending`` is final.
+APPROVAL_TRANSITIONS: dict[ApprovalStatus, frozenset[ApprovalStatus]] = {
+    A.PENDING: frozenset({A.APPROVED, A.REJECTED, A.EXPIRED, A.CANCELLED}),
+    A.APPROVED: frozenset(),
+    A.REJECTED: frozenset(),
+    A.EXPIRED: frozenset(),
+    A.CANCELLED: frozenset(),
+}
+
+
+class EscalationStatus(StrEnum):
+    """Where an on-call escalation is."""
+
+    OPEN = "open"
+    """Waiting for someone to look at it."""
+    ACKNOWLEDGED = "acknowledged"
+    """Someone owns it."""
+    RESOLVED = "resolved"
+    """Settled by an operator's finding; final."""
+
+
+E = EscalationStatus
+
+ESCALATION_TRANSITIONS: dict[EscalationStatus, frozenset[EscalationStatus]] = {
+    # open -> resolved: an operator may settle it without acknowledging first.
+    E.OPEN: frozenset({E.ACKNOWLEDGED, E.RESOLVED}),
+    E.ACKNOWLEDGED: frozenset({E.RESOLVED}),
+    E.RESOLVED: frozenset(),
+}
+
+_Status = TypeVar("_Status", bound=StrEnum)
+
+
+def _check(
+    table: Mapping[_Status, frozenset[_Status]], subject: str, current: _Status, target: _Status
+) -> None:
+    if target not in table[current]:
+        raise IllegalTransition(current.value, target.value, subject=subject)
+
+
 def check_transition(current: ExecutionStatus, target: ExecutionStatus) -> None:
     """Raise :class:`IllegalTransition` unless the table allows ``current -> target``."""
-    if target not in TRANSITIONS[current]:
-        raise IllegalTransition(current.value, target.value)
+    _check(TRANSITIONS, "a call", current, target)
 
 
 def sources_of(target: ExecutionStatus) -> frozenset[ExecutionStatus]:
     """Every state from which ``target`` may be entered."""
     return frozenset(src for src, targets in TRANSITIONS.items() if target in targets)
+
+
+def check_approval_transition(current: ApprovalStatus, target: ApprovalStatus) -> None:
+    """Raise :class:`IllegalTransition` unless an approval may move ``current -> target``."""
+    _check(APPROVAL_TRANSITIONS, "an approval", current, target)
+
+
+def check_escalation_transition(current: EscalationStatus, target: EscalationStatus) -> None:
+    """Raise :class:`IllegalTransition` unless an escalation may move ``current -> target``."""
+    _check(ESCALATION_TRANSITIONS, "an escalation", current, target)

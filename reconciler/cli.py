@@ -18,12 +18,12 @@ from typing import Any
 
 import uvloop
 from prometheus_client import start_http_server
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.cli.parsing import require_registry
 from dispatcher.db.engine import create_engine, session_factory
+from dispatcher.db.errors import DbErrorClass, classify
 from dispatcher.provider.contract import pool as provider_pool
 from dispatcher.settings import Settings
 from reconciler.loop import Reconciler
@@ -49,7 +49,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     try:
         # uvloop: the lookups are CPU-bound in the HTTP client; it measurably helps.
         return uvloop.run(_main(settings, registry, once=args.once))
-    except (DBAPIError, OSError) as exc:
+    except Exception as exc:
+        if classify(exc) is not DbErrorClass.UNAVAILABLE:
+            raise
         return _fail(f"cannot reach the database: {type(exc).__name__}", 1)
 
 

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.db.tables import escalations, tool_calls
-from dispatcher.states import ReconciliationStatus
+from dispatcher.states import EscalationStatus, ReconciliationStatus
 
 UNKNOWN_BACKLOG = Gauge(
     "tool_dispatcher_reconciler_unknown_backlog",
@@ -89,7 +89,9 @@ async def refresh(sessions: async_sessionmaker[AsyncSession]) -> None:
             )
         ).one()
         open_count = (
-            await session.execute(select(func.count()).where(escalations.c.status != "resolved"))
+            await session.execute(
+                select(func.count()).where(escalations.c.status != EscalationStatus.RESOLVED.value)
+            )
         ).scalar_one()
     UNKNOWN_BACKLOG.set(backlog)
     OLDEST_UNKNOWN_AGE.set(float(oldest))

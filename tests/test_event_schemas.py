@@ -29,8 +29,9 @@ from dispatcher.control.actor import Actor
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.ledger.events import EventType, envelope
 from dispatcher.provider.client import ProviderClient
-from dispatcher.schemas import DecisionRequest, EscalationStatus, EventView, Finding, RetryRequest
+from dispatcher.schemas import DecisionRequest, EventView, Finding, RetryRequest
 from dispatcher.settings import DEFAULT_TOPICS
+from dispatcher.states import EscalationStatus
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.views.run_view import fold_run

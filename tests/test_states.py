@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 
-from dispatcher.errors import DispatcherError, IllegalTransition
+from dispatcher.errors import DispatcherError, IllegalTransition, InternalError
 from dispatcher.states import (
     INITIAL_STATES,
     TERMINAL_STATES,
@@ -93,8 +93,10 @@ def test_check_transition_refuses_exactly_the_moves_not_in_the_table(
 def test_illegal_transition_is_a_non_retriable_dispatcher_error() -> None:
     with pytest.raises(DispatcherError) as info:
         check_transition(S.CONFIRMED, S.AUTHORIZED)
-    assert info.value.code == "illegal_transition"
-    assert info.value.status == 409
+    # A bug of the program, not of any request: answered as an internal error.
+    assert isinstance(info.value, InternalError)
+    assert info.value.code == "internal_error"
+    assert info.value.status == 500
     assert info.value.retriable is False
 
 

@@ -10,7 +10,8 @@ from fastapi import APIRouter, Query, Request, Response
 from dispatcher.api.bodies import json_response, model_response, parse_body
 from dispatcher.api.deps import Approver, AppSettings, Reader, Registry, Sessions
 from dispatcher.control import approvals
-from dispatcher.schemas import ApprovalStatus, DecisionRequest
+from dispatcher.schemas import DecisionRequest
+from dispatcher.states import ApprovalStatus
 
 router = APIRouter()
 

@@ -11,7 +11,8 @@ from fastapi import APIRouter, Query, Request, Response
 from dispatcher.api.bodies import json_response, model_response, parse_body
 from dispatcher.api.deps import AppSettings, Operator, Reader, Sessions
 from dispatcher.control import escalations
-from dispatcher.schemas import EscalationStatus, ResolveRequest
+from dispatcher.schemas import ResolveRequest
+from dispatcher.states import EscalationStatus
 
 router = APIRouter()
 

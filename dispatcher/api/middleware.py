@@ -6,12 +6,12 @@ while a body is read into exception groups and costs a task per request.
 
 from __future__ import annotations
 
-import json
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dispatcher.api.problems import PROBLEM_JSON
+from dispatcher.api.problems import answer
+from dispatcher.errors import PayloadTooLarge
 from dispatcher.metrics import HTTP_REQUEST_SECONDS
 
 
@@ -31,7 +31,7 @@ class BodyLimit:
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None:
             if declared.isdigit() and int(declared) > self.max_bytes:
-                await self._refuse(send)
+                await self._refuse(scope, receive, send, drained=True)
                 return
             await self.app(scope, receive, send)
             return
@@ -47,7 +47,8 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await self._refuse(send, drained=await self._drain(receive, message))
+                drained = await self._drain(receive, message)
+                await self._refuse(scope, receive, send, drained=drained)
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
@@ -67,29 +68,15 @@ class BodyLimit:
             discarded += len(last.get("body", b""))
         return True
 
-    async def _refuse(self, send: Send, drained: bool = True) -> None:
-        body = json.dumps(
-            {
-                "type": "urn:tool-dispatcher:problem:payload_too_large",
-                "title": "Request body too large",
-                "status": 413,
-                "code": "payload_too_large",
-                "detail": f"the body is larger than {self.max_bytes} bytes",
-                "maxBytes": self.max_bytes,
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", PROBLEM_JSON.encode()),
-                    (b"content-length", str(len(body)).encode()),
-                    *([] if drained else [(b"connection", b"close")]),
-                ],
-            }
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, *, drained: bool) -> None:
+        response = answer(
+            PayloadTooLarge(
+                f"the body is larger than {self.max_bytes} bytes", maxBytes=self.max_bytes
+            )
         )
-        await send({"type": "http.response.body", "body": body})
+        if not drained:
+            response.headers["connection"] = "close"
+        await response(scope, receive, send)
 
 
 def _replay(messages: list[Message], then: Receive | None = None) -> Receive:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import traceback
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -13,7 +12,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa
 from starlette.exceptions import HTTPException
 
-from dispatcher.errors import DispatcherError, ServiceUnavailable
+from dispatcher.db.errors import DbErrorClass, classify
+from dispatcher.errors import DispatcherError, InternalError, ServiceUnavailable, ValidationFailed
 from dispatcher.metrics import INTAKE_SUBMISSIONS
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ _HTTP_CODES = {
 }
 
 
-def problem(status: int, code: str, title: str, detail: str, **extra: Any) -> JSONResponse:
+def _problem(status: int, code: str, title: str, detail: str, **extra: Any) -> JSONResponse:
     body = {
         "type": f"urn:tool-dispatcher:problem:{code}",
         "title": title,
@@ -38,27 +38,35 @@ def problem(status: int, code: str, title: str, detail: str, **extra: Any) -> JS
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON)
 
 
-def database_unavailable(exc: BaseException) -> bool:
-    """Whether ``exc`` means the database could not be reached or used for now, as
-    opposed to a bug that retrying cannot fix (``ProgrammingError``, ``IntegrityError``,
-    ``DataError``: those stay 500)."""
-    if isinstance(exc, sa.DBAPIError):
-        # OperationalError covers refused and dropped connections, server shutdown,
-        # statement timeouts and serialization failures; InterfaceError a connection
-        # the driver already closed.
-        return exc.connection_invalidated or isinstance(
-            exc, (sa.OperationalError, sa.InterfaceError)
-        )
-    if isinstance(exc, (sa.DisconnectionError, sa.TimeoutError)):
-        return True  # sa.TimeoutError: no pooled connection came free in time
-    if isinstance(exc, OSError):  # builtins.TimeoutError is an OSError too
-        # Only when the pool or the driver raised it unwrapped; an OSError of the
-        # application's own (a file it reads) is a bug, not an outage.
-        return any(
-            str(frame.f_globals.get("__name__", "")).startswith(("sqlalchemy.", "psycopg"))
-            for frame, _ in traceback.walk_tb(exc.__traceback__)
-        )
-    return False
+def answer(exc: DispatcherError) -> JSONResponse:
+    """The problem+json answer to ``exc``. An internal error's detail names the
+    program's own states: it goes to the log (the caller's job), the client learns only
+    that the service failed."""
+    if isinstance(exc, InternalError):
+        return _internal()
+    return _problem(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
+
+
+def _internal() -> JSONResponse:
+    return _problem(
+        InternalError.status,
+        InternalError.code,
+        InternalError.title,
+        "an unexpected error occurred",
+    )
+
+
+# What answers 503 (safe to retry): what a later try may cure, and program limits,
+# which have always answered 503 like every OperationalError (whether they are the
+# client's fault, a 400, is not decided here yet). Data errors and bugs answer 500.
+_UNAVAILABLE = frozenset(
+    {
+        DbErrorClass.UNAVAILABLE,
+        DbErrorClass.CONTENTION,
+        DbErrorClass.TRANSIENT,
+        DbErrorClass.PROGRAM_LIMIT,
+    }
+)
 
 
 def install(app: FastAPI) -> None:
@@ -66,7 +74,9 @@ def install(app: FastAPI) -> None:
     async def dispatcher_error(request: Request, exc: DispatcherError) -> JSONResponse:
         if request.url.path == "/v1/tool-calls" and request.method == "POST":
             INTAKE_SUBMISSIONS.labels(exc.code).inc()
-        return problem(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
+        if isinstance(exc, InternalError):
+            log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+        return answer(exc)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -78,21 +88,17 @@ def install(app: FastAPI) -> None:
             }
             for err in exc.errors()
         ]
-        return problem(
-            400,
-            "validation_failed",
-            "The request is not valid",
-            "the request body or parameters are not valid",
-            errors=errors,
+        return answer(
+            ValidationFailed("the request body or parameters are not valid", errors=errors)
         )
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         code, title = _HTTP_CODES.get(exc.status_code, ("http_error", "HTTP error"))
-        return problem(exc.status_code, code, title, str(exc.detail))
+        return _problem(exc.status_code, code, title, str(exc.detail))
 
     async def database_error(request: Request, exc: Exception) -> JSONResponse:
-        if not database_unavailable(exc):
+        if classify(exc) not in _UNAVAILABLE:
             raise exc  # a bug: on to ``unexpected`` and its 500
         # The answer intake gives (dispatcher.intake.batcher), so a client has one rule:
         # 503 service_unavailable is safe to retry. A warning without a traceback: an
@@ -104,8 +110,7 @@ def install(app: FastAPI) -> None:
             request.url.path,
             (str(exc).splitlines() or [exc.__class__.__name__])[0],
         )
-        unavailable = ServiceUnavailable("the database is not reachable; try again")
-        return problem(unavailable.status, unavailable.code, unavailable.title, unavailable.detail)
+        return answer(ServiceUnavailable("the database is not reachable; try again"))
 
     # Registered apart from ``unexpected``: Starlette re-raises whatever reaches the
     # catch-all handler after answering, and the server then logs it as a crash.
@@ -115,4 +120,4 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return problem(500, "internal_error", "Internal error", "an unexpected error occurred")
+        return _internal()

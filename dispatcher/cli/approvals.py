@@ -15,13 +15,13 @@ import contextlib
 import sys
 from typing import Any
 
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.cli.parsing import OneLineArgumentParser
 from dispatcher.control.approvals import expire_due
 from dispatcher.db.engine import create_engine, session_factory
+from dispatcher.db.errors import DbErrorClass, classify
 from dispatcher.settings import Settings, Topics
 
 
@@ -51,7 +51,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return _fail("--interval must be positive and --batch at least 1")
     try:
         return asyncio.run(_run(args, settings))
-    except (OperationalError, OSError) as exc:
+    except Exception as exc:
+        if classify(exc) is not DbErrorClass.UNAVAILABLE:
+            raise
         return _fail(f"cannot reach the database: {type(exc).__name__}", 1)
     except KeyboardInterrupt:
         return 0

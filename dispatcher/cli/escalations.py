@@ -15,15 +15,15 @@ import json
 import sys
 from typing import Any
 
-from sqlalchemy.exc import OperationalError
-
 from dispatcher.cli.parsing import OneLineArgumentParser
 from dispatcher.control import escalations
 from dispatcher.control.actor import Actor
 from dispatcher.db.engine import create_engine, session_factory
+from dispatcher.db.errors import DbErrorClass, classify
 from dispatcher.errors import DispatcherError, EscalationAlreadyResolved
-from dispatcher.schemas import EscalationStatus, EscalationView, Finding
+from dispatcher.schemas import EscalationView, Finding
 from dispatcher.settings import Settings
+from dispatcher.states import EscalationStatus
 
 
 def register(subparsers: Any) -> None:
@@ -65,7 +65,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return _fail(exc.detail, 1)
     except DispatcherError as exc:
         return _fail(exc.detail)
-    except (OperationalError, OSError) as exc:
+    except Exception as exc:
+        if classify(exc) is not DbErrorClass.UNAVAILABLE:
+            raise
         return _fail(f"cannot reach the database: {type(exc).__name__}", 1)
 
 

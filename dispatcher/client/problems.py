@@ -45,7 +45,9 @@ def _by_code() -> dict[str, type[DispatcherError]]:
     while pending:
         cls = pending.pop()
         pending.extend(cls.__subclasses__())
-        if cls.__module__ == errors.__name__ and cls is not DispatcherError:
+        # Only the leaves name a code; a branch (NotFound, InternalError...) inherits the
+        # root's, and an internal_error stays an ApiError.
+        if cls is not DispatcherError and cls.__module__ == errors.__name__ and "code" in vars(cls):
             found[cls.code] = cls
     return found
 

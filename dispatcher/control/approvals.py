@@ -30,12 +30,13 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control.actor import Actor
 from dispatcher.control.runs import lock_run
+from dispatcher.control.statuses import approval_update
 from dispatcher.db.tables import approvals, tool_calls
 from dispatcher.errors import (
     ApprovalAlreadyDecided,
@@ -52,8 +53,9 @@ from dispatcher.intake.keys import fingerprint
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
 from dispatcher.ledger.transitions import BulkMove, move, move_many
-from dispatcher.schemas import ApprovalStatus, ApprovalView, DecisionRequest
+from dispatcher.schemas import ApprovalView, DecisionRequest
 from dispatcher.settings import DEFAULT_TOPICS, Topics
+from dispatcher.states import ApprovalStatus
 from dispatcher.states import ExecutionStatus as S
 
 
@@ -173,13 +175,9 @@ async def _close(
     """Record the decision on the (still pending) approval row."""
     row = (
         await session.execute(
-            update(approvals)
-            .where(
-                approvals.c.approval_id == approval_id,
-                approvals.c.status == ApprovalStatus.PENDING.value,
-            )
+            approval_update(ApprovalStatus.PENDING, closed)
+            .where(approvals.c.approval_id == approval_id)
             .values(
-                status=closed.value,
                 decision=request.decision,
                 decided_by=actor.name,
                 decision_reason=request.reason,
@@ -281,9 +279,9 @@ async def expire_due(
     )
     closed = (
         await session.execute(
-            update(approvals)
+            approval_update(ApprovalStatus.PENDING, ApprovalStatus.EXPIRED)
             .where(approvals.c.approval_id.in_([r.approval_id for r in due]))
-            .values(status=ApprovalStatus.EXPIRED.value, closed_at=func.now())
+            .values(closed_at=func.now())
             .returning(approvals.c.approval_id)
         )
     ).scalars()

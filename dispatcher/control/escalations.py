@@ -20,19 +20,20 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, insert, select, update
+from sqlalchemy import case, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.control.actor import Actor
+from dispatcher.control.statuses import escalation_update
 from dispatcher.db.tables import escalations, execution_events, tool_calls
 from dispatcher.errors import EscalationAlreadyResolved, EscalationNotFound
 from dispatcher.ledger.events import CallContext, EventType, event_row, record_events
 from dispatcher.ledger.messages import EscalationMessage, Producer, enqueue, escalation_message
 from dispatcher.ledger.transitions import Fence, move
-from dispatcher.schemas import EscalationStatus, EscalationView, Finding
+from dispatcher.schemas import EscalationView, Finding
 from dispatcher.settings import DEFAULT_TOPICS, Topics
+from dispatcher.states import EscalationStatus, ReconciliationStatus, VerificationStatus
 from dispatcher.states import ExecutionStatus as S
-from dispatcher.states import ReconciliationStatus, VerificationStatus
 
 
 def resolution_commands(escalation_id: str) -> dict[str, list[str]]:
@@ -209,10 +210,9 @@ async def acknowledge(
         return current
     row = (
         await session.execute(
-            update(escalations)
+            escalation_update(current.status, EscalationStatus.ACKNOWLEDGED)
             .where(escalations.c.escalation_id == escalation_id)
             .values(
-                status=EscalationStatus.ACKNOWLEDGED.value,
                 acknowledged_at=func.now(),
                 acknowledged_by=actor.label,
             )
@@ -284,10 +284,9 @@ async def resolve(
     )
     row = (
         await session.execute(
-            update(escalations)
+            escalation_update(current.status, EscalationStatus.RESOLVED)
             .where(escalations.c.escalation_id == escalation_id)
             .values(
-                status=EscalationStatus.RESOLVED.value,
                 resolved_at=func.now(),
                 resolved_by=actor.label,
                 finding=finding.value,

@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control.actor import Actor
 from dispatcher.control.compensation import request_compensation
+from dispatcher.control.statuses import approval_update
 from dispatcher.db.tables import approvals, runs, tool_calls
 from dispatcher.errors import CapabilityNotFound
 from dispatcher.ledger.events import EventType, record_events, run_event_row
@@ -35,6 +36,7 @@ from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import BulkMove, move_many
 from dispatcher.schemas import StopResult
 from dispatcher.settings import DEFAULT_TOPICS, Topics
+from dispatcher.states import ApprovalStatus
 from dispatcher.states import ExecutionStatus as S
 
 QUEUED = (S.PROPOSED, S.AUTHORIZED)
@@ -155,9 +157,9 @@ async def _close_approvals(session: AsyncSession, cancelled: list[str]) -> None:
     """Close the pending approvals of calls the stop cancelled."""
     if cancelled:
         await session.execute(
-            update(approvals)
-            .where(approvals.c.tool_call_id.in_(cancelled), approvals.c.status == "pending")
-            .values(status="cancelled", closed_at=func.now())
+            approval_update(ApprovalStatus.PENDING, ApprovalStatus.CANCELLED)
+            .where(approvals.c.tool_call_id.in_(cancelled))
+            .values(closed_at=func.now())
         )
 
 
@@ -167,7 +169,7 @@ async def _lock_pending_approvals(session: AsyncSession, tenant: str, run_id: st
         .where(
             approvals.c.tenant == tenant,
             approvals.c.run_id == run_id,
-            approvals.c.status == "pending",
+            approvals.c.status == ApprovalStatus.PENDING.value,
         )
         .with_for_update()
     )

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from enum import StrEnum
+
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
@@ -20,17 +23,27 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from dispatcher.states import ExecutionStatus, ReconciliationStatus, VerificationStatus
+from dispatcher.states import (
+    ApprovalStatus,
+    EscalationStatus,
+    ExecutionStatus,
+    ReconciliationStatus,
+    VerificationStatus,
+)
 from outbox_relay import outbox_table
 
 metadata = MetaData()
 
 
-def _one_of(
-    column: str, values: type[ExecutionStatus | VerificationStatus | ReconciliationStatus]
-) -> str:
+def _in(column: str, values: Iterable[StrEnum]) -> str:
     listed = ", ".join(f"'{v.value}'" for v in values)
     return f"{column} IN ({listed})"
+
+
+def status_check(column: str, statuses: type[StrEnum], *, name: str) -> CheckConstraint:
+    """The CHECK that ``column`` holds one of the ``statuses``. The migrations carry
+    their own copy; a test holds what a migrated database admits to the enum."""
+    return CheckConstraint(_in(column, statuses), name=name)
 
 
 tool_calls = Table(
@@ -45,8 +58,18 @@ tool_calls = Table(
     Column("idempotency_key", Text, nullable=False),
     Column("request_fingerprint", Text, nullable=False),
     Column("status", Text, nullable=False),
-    Column("verification_status", Text, nullable=False, server_default="not_observed"),
-    Column("reconciliation_status", Text, nullable=False, server_default="not_needed"),
+    Column(
+        "verification_status",
+        Text,
+        nullable=False,
+        server_default=VerificationStatus.NOT_OBSERVED.value,
+    ),
+    Column(
+        "reconciliation_status",
+        Text,
+        nullable=False,
+        server_default=ReconciliationStatus.NOT_NEEDED.value,
+    ),
     Column("external_request_id", Text),
     Column("correlation_id", Text),
     Column("causation_id", Text),
@@ -70,12 +93,10 @@ tool_calls = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     UniqueConstraint("tenant", "idempotency_key", name="uq_tool_calls_tenant_idempotency_key"),
-    CheckConstraint(_one_of("status", ExecutionStatus), name="ck_tool_calls_status"),
-    CheckConstraint(
-        _one_of("verification_status", VerificationStatus), name="ck_tool_calls_verification"
-    ),
-    CheckConstraint(
-        _one_of("reconciliation_status", ReconciliationStatus), name="ck_tool_calls_reconciliation"
+    status_check("status", ExecutionStatus, name="ck_tool_calls_status"),
+    status_check("verification_status", VerificationStatus, name="ck_tool_calls_verification"),
+    status_check(
+        "reconciliation_status", ReconciliationStatus, name="ck_tool_calls_reconciliation"
     ),
     CheckConstraint(
         "char_length(idempotency_key) BETWEEN 1 AND 255", name="ck_tool_calls_key_length"
@@ -85,19 +106,19 @@ tool_calls = Table(
     Index(
         "ix_tool_calls_dispatching_lease",
         "lease_expires_at",
-        postgresql_where=text("status = 'dispatching'"),
+        postgresql_where=text(f"status = '{ExecutionStatus.DISPATCHING.value}'"),
     ),
     # Every call the reconciler follows up (result_unknown, and accepted-but-pending).
     Index(
         "ix_tool_calls_reconcile_due",
         "next_reconcile_at",
-        postgresql_where=text("reconciliation_status = 'pending'"),
+        postgresql_where=text(f"reconciliation_status = '{ReconciliationStatus.PENDING.value}'"),
     ),
     # The redrive sweep looks for calls authorized long ago (dispatcher.worker.redrive).
     Index(
         "ix_tool_calls_authorized_since",
         "updated_at",
-        postgresql_where=text("status = 'authorized'"),
+        postgresql_where=text(f"status = '{ExecutionStatus.AUTHORIZED.value}'"),
     ),
 )
 
@@ -126,8 +147,6 @@ execution_events = Table(
 
 outbox = outbox_table(metadata)
 
-ESCALATION_STATES = ("open", "acknowledged", "resolved")
-
 escalations = Table(
     "escalations",
     metadata,
@@ -136,7 +155,7 @@ escalations = Table(
     Column("tenant", Text, nullable=False),
     # 1 for the call's first escalation, 2 after an operator retry escalated again...
     Column("episode", Integer, nullable=False),
-    Column("status", Text, nullable=False, server_default="open"),
+    Column("status", Text, nullable=False, server_default=EscalationStatus.OPEN.value),
     Column("reason", Text, nullable=False),
     Column("evidence", JSONB, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
@@ -149,7 +168,7 @@ escalations = Table(
     # The exactly-once guarantee: one escalation (and so one published message) per
     # episode of a call, whoever races to write it.
     UniqueConstraint("tool_call_id", "episode", name="uq_escalations_call_episode"),
-    CheckConstraint("status IN ('open', 'acknowledged', 'resolved')", name="ck_escalations_status"),
+    status_check("status", EscalationStatus, name="ck_escalations_status"),
     CheckConstraint(
         "finding IS NULL OR finding IN ('confirmed_success', 'confirmed_failure', 'compensated')",
         name="ck_escalations_finding",
@@ -157,7 +176,8 @@ escalations = Table(
     Index("ix_escalations_tenant_status", "tenant", "status", "created_at"),
 )
 
-APPROVAL_STATES = ("pending", "approved", "rejected", "expired", "cancelled")
+# The statuses a human decision leads to.
+_DECIDED = (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED)
 
 approvals = Table(
     "approvals",
@@ -176,30 +196,34 @@ approvals = Table(
     Column("policy_version", Integer, nullable=False),
     # The submitting API key's name (None for library submissions): self-approval check.
     Column("requested_by", Text),
-    Column("status", Text, nullable=False, server_default="pending"),
+    Column("status", Text, nullable=False, server_default=ApprovalStatus.PENDING.value),
     Column("expires_at", DateTime(timezone=True), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("closed_at", DateTime(timezone=True)),
     Column("decision", Text),
     Column("decided_by", Text),
     Column("decision_reason", Text),
-    CheckConstraint(
-        "status IN ('pending', 'approved', 'rejected', 'expired', 'cancelled')",
-        name="ck_approvals_status",
-    ),
+    status_check("status", ApprovalStatus, name="ck_approvals_status"),
     CheckConstraint(
         "decision IS NULL OR decision IN ('approve', 'reject')", name="ck_approvals_decision"
     ),
     # A human decision exists exactly when the approval was approved or rejected, and
     # an approval is closed exactly when it is no longer pending.
     CheckConstraint(
-        "(decision IS NOT NULL) = (status IN ('approved', 'rejected'))",
+        f"(decision IS NOT NULL) = ({_in('status', _DECIDED)})",
         name="ck_approvals_decided",
     ),
-    CheckConstraint("(closed_at IS NULL) = (status = 'pending')", name="ck_approvals_closed"),
+    CheckConstraint(
+        f"(closed_at IS NULL) = (status = '{ApprovalStatus.PENDING.value}')",
+        name="ck_approvals_closed",
+    ),
     Index("ix_approvals_tenant_status", "tenant", "status", "created_at"),
     # The expiry sweeper scans only pending approvals.
-    Index("ix_approvals_pending_expiry", "expires_at", postgresql_where=text("status = 'pending'")),
+    Index(
+        "ix_approvals_pending_expiry",
+        "expires_at",
+        postgresql_where=text(f"status = '{ApprovalStatus.PENDING.value}'"),
+    ),
 )
 
 runs = Table(

@@ -15,6 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.db.errors import DbErrorClass, classify
 from dispatcher.errors import DispatcherError, ServiceUnavailable
 from dispatcher.intake.service import submit_many
 from dispatcher.schemas import Submission, SubmitRequest
@@ -22,8 +23,6 @@ from dispatcher.settings import Topics
 
 log = logging.getLogger(__name__)
 
-# Deadlock and serialization failures: the batch is safe to run again as a whole.
-_RETRIABLE_SQLSTATES = {"40001", "40P01"}
 _ATTEMPTS = 3
 
 
@@ -110,10 +109,14 @@ class IntakeBatcher:
                     )
                 break
             except DBAPIError as exc:
-                sqlstate = getattr(exc.orig, "sqlstate", None)
-                if sqlstate in _RETRIABLE_SQLSTATES and attempt < _ATTEMPTS:
+                kind = classify(exc)
+                # A lost race (deadlock, serialization failure): the batch is safe to
+                # run again as a whole.
+                if kind is DbErrorClass.CONTENTION and attempt < _ATTEMPTS:
                     continue
-                log.warning("intake batch of %d failed: %s", len(batch), exc.__class__.__name__)
+                log.warning(
+                    "intake batch of %d failed: %s (%s)", len(batch), exc.__class__.__name__, kind
+                )
                 outcomes = [ServiceUnavailable("the database did not accept the batch")] * len(
                     batch
                 )
