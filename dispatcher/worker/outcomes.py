@@ -180,6 +180,13 @@ class OutcomeRecorder:
             lambda s: {},
             {"accepted_at": now},
         )
+        return await self._finish(session, cls, items, accepted)
+
+    async def _finish(
+        self, session: AsyncSession, cls: _Class, items: list[Sent], accepted: list[Moved]
+    ) -> tuple[S, list[Moved]]:
+        """The second step of a final answer: ``accepted`` -> completed or confirmed."""
+        now = func.now()
         by_id = {s.claim.tool_call_id: s for s in items}
         if cls is _Class.COMPLETED:
             final, event = S.COMPLETED, EventType.TOOL_CALL_COMPLETED

@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import RowMapping, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
@@ -72,71 +73,19 @@ async def recover_expired(
     """
     report = RecoveryReport()
     async with sessions() as session, session.begin():
-        rows = (
-            await session.execute(
-                select(tool_calls)
-                .where(
-                    tool_calls.c.status == S.DISPATCHING, tool_calls.c.lease_expires_at < func.now()
-                )
-                .order_by(tool_calls.c.lease_expires_at)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-            )
-        ).all()
-        for row in rows:
-            m = row._mapping
+        for m in await _expired_claims(session, limit):
             try:
                 side_effects = registry.get(m["capability_id"]).side_effects
             except CapabilityNotFound:
                 side_effects = True  # unknown means we cannot prove it is harmless
             rule = decide(S(m["status"]), side_effects)
-            if rule is Recovery.REUSE_RECORDED:
-                continue  # the recorded outcome stands
-            why = {
-                "reason": "worker lost between claim and outcome (lease expired)",
-                "deadWorker": m["lease_owner"],
-                "rule": rule,
-            }
-            fence = Fence(m["lease_owner"], m["version"])
-            released = {"lease_owner": None, "lease_expires_at": None}
             if rule is Recovery.MARK_UNKNOWN:
-                await move(
-                    session,
-                    m["tool_call_id"],
-                    expected=S.DISPATCHING,
-                    target=S.RESULT_UNKNOWN,
-                    event_type=EventType.TOOL_CALL_RESULT_UNKNOWN,
-                    producer=Producer.RECOVERY,
-                    topics=topics,
-                    payload=why,
-                    fence=fence,
-                    fields={
-                        **released,
-                        "last_error": "worker_lost: outcome not recorded",
-                        "reconciliation_status": ReconciliationStatus.PENDING,
-                        "verification_status": VerificationStatus.PENDING,
-                        "next_reconcile_at": func.now(),
-                    },
-                )
+                await _mark_unknown(session, m, topics)
                 report.marked_unknown.append(m["tool_call_id"])
-            else:  # Recovery.REDISPATCH
-                moved = await move(
-                    session,
-                    m["tool_call_id"],
-                    expected=S.DISPATCHING,
-                    target=S.AUTHORIZED,
-                    event_type=EventType.TOOL_CALL_REDISPATCHED,
-                    producer=Producer.RECOVERY,
-                    topics=topics,
-                    payload=why,
-                    fields=released,
-                    fence=fence,
-                )
-                command = DispatchCommand.build(
-                    moved.row._mapping, producer=Producer.RECOVERY, causation_id=moved.event_id
-                )
-                await enqueue(session, [command.to_outbox_row(topics)])
+            elif rule is Recovery.REDISPATCH:
+                await _redispatch(session, m, topics)
                 report.redispatched.append(m["tool_call_id"])
+            # Recovery.REUSE_RECORDED: the recorded outcome stands.
     if report.total:
         log.info(
             "recovery: %d re-dispatched, %d marked result_unknown",
@@ -144,3 +93,68 @@ async def recover_expired(
             len(report.marked_unknown),
         )
     return report
+
+
+async def _expired_claims(session: AsyncSession, limit: int) -> list[RowMapping]:
+    """Claims whose lease lapsed, locked for this sweeper (others skip them)."""
+    rows = await session.execute(
+        select(tool_calls)
+        .where(tool_calls.c.status == S.DISPATCHING, tool_calls.c.lease_expires_at < func.now())
+        .order_by(tool_calls.c.lease_expires_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return [row._mapping for row in rows]
+
+
+def _why(m: RowMapping, rule: Recovery) -> dict[str, Any]:
+    return {
+        "reason": "worker lost between claim and outcome (lease expired)",
+        "deadWorker": m["lease_owner"],
+        "rule": rule,
+    }
+
+
+# The dead worker's lease goes with the claim.
+_RELEASED = {"lease_owner": None, "lease_expires_at": None}
+
+
+async def _mark_unknown(session: AsyncSession, m: RowMapping, topics: Topics) -> None:
+    await move(
+        session,
+        m["tool_call_id"],
+        expected=S.DISPATCHING,
+        target=S.RESULT_UNKNOWN,
+        event_type=EventType.TOOL_CALL_RESULT_UNKNOWN,
+        producer=Producer.RECOVERY,
+        topics=topics,
+        payload=_why(m, Recovery.MARK_UNKNOWN),
+        fence=Fence(m["lease_owner"], m["version"]),
+        fields={
+            **_RELEASED,
+            "last_error": "worker_lost: outcome not recorded",
+            "reconciliation_status": ReconciliationStatus.PENDING,
+            "verification_status": VerificationStatus.PENDING,
+            "next_reconcile_at": func.now(),
+        },
+    )
+
+
+async def _redispatch(session: AsyncSession, m: RowMapping, topics: Topics) -> None:
+    """Back to ``authorized`` with a new dispatch command that names this as its cause."""
+    moved = await move(
+        session,
+        m["tool_call_id"],
+        expected=S.DISPATCHING,
+        target=S.AUTHORIZED,
+        event_type=EventType.TOOL_CALL_REDISPATCHED,
+        producer=Producer.RECOVERY,
+        topics=topics,
+        payload=_why(m, Recovery.REDISPATCH),
+        fields=_RELEASED,
+        fence=Fence(m["lease_owner"], m["version"]),
+    )
+    command = DispatchCommand.build(
+        moved.row._mapping, producer=Producer.RECOVERY, causation_id=moved.event_id
+    )
+    await enqueue(session, [command.to_outbox_row(topics)])

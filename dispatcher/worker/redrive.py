@@ -22,8 +22,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 from datetime import timedelta
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, Row, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.db.tables import outbox, tool_calls
@@ -54,62 +55,10 @@ async def redrive_stale(
     """
     threshold = func.now() - timedelta(seconds=older_than_seconds)
     async with sessions() as session, session.begin():
-        # ix_tool_calls_authorized_since holds only the calls waiting in authorized,
-        # oldest first, so this reads no more than it returns.
-        candidates = (
-            await session.execute(
-                select(tool_calls)
-                .where(tool_calls.c.status == S.AUTHORIZED, tool_calls.c.updated_at < threshold)
-                .order_by(tool_calls.c.updated_at)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-            )
-        ).all()
-        rows = [
-            r
-            for r in candidates
-            if known_capabilities is None or r.capability_id in known_capabilities
-        ]
-        if not rows:
-            return []
-        ids = [r.tool_call_id for r in rows]
-        covered = set(
-            (
-                await session.execute(
-                    select(outbox.c.key)
-                    .distinct()
-                    .where(
-                        outbox.c.key.in_(ids),
-                        outbox.c.topic == topics.dispatch,
-                        outbox.c.published_at.is_(None) | (outbox.c.created_at >= threshold),
-                    )
-                )
-            ).scalars()
-        )
-        stale = [r for r in rows if r.tool_call_id not in covered]
+        rows = await _waiting(session, threshold, known_capabilities, limit)
+        stale = await _without_command(session, rows, threshold, topics) if rows else []
         if stale:
-            events = [
-                event_row(
-                    EventType.TOOL_CALL_REDRIVEN,
-                    CallContext.of(r._mapping),
-                    producer=Producer.REDRIVE,
-                    payload={
-                        "authorizedSince": r.updated_at.isoformat(),
-                        "thresholdSeconds": older_than_seconds,
-                    },
-                )
-                for r in stale
-            ]
-            await record_events(session, events, topics=topics)
-            await enqueue(
-                session,
-                [
-                    DispatchCommand.build(
-                        r._mapping, producer=Producer.REDRIVE, causation_id=event["event_id"]
-                    ).to_outbox_row(topics)
-                    for r, event in zip(stale, events, strict=True)
-                ],
-            )
+            await _write_again(session, stale, older_than_seconds, topics)
     redriven = [r.tool_call_id for r in stale]
     if redriven:
         log.warning(
@@ -119,3 +68,75 @@ async def redrive_stale(
             older_than_seconds,
         )
     return redriven
+
+
+async def _waiting(
+    session: AsyncSession,
+    threshold: ColumnElement[Any],
+    known_capabilities: Collection[str] | None,
+    limit: int,
+) -> list[Row[Any]]:
+    """Calls authorized since before ``threshold``, locked for this re-driver."""
+    # ix_tool_calls_authorized_since holds only the calls waiting in authorized,
+    # oldest first, so this reads no more than it returns.
+    candidates = (
+        await session.execute(
+            select(tool_calls)
+            .where(tool_calls.c.status == S.AUTHORIZED, tool_calls.c.updated_at < threshold)
+            .order_by(tool_calls.c.updated_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+    ).all()
+    return [
+        r for r in candidates if known_capabilities is None or r.capability_id in known_capabilities
+    ]
+
+
+async def _without_command(
+    session: AsyncSession, rows: list[Row[Any]], threshold: ColumnElement[Any], topics: Topics
+) -> list[Row[Any]]:
+    """Those of ``rows`` with no dispatch command waiting in the outbox or younger than
+    ``threshold``."""
+    covered = set(
+        (
+            await session.execute(
+                select(outbox.c.key)
+                .distinct()
+                .where(
+                    outbox.c.key.in_([r.tool_call_id for r in rows]),
+                    outbox.c.topic == topics.dispatch,
+                    outbox.c.published_at.is_(None) | (outbox.c.created_at >= threshold),
+                )
+            )
+        ).scalars()
+    )
+    return [r for r in rows if r.tool_call_id not in covered]
+
+
+async def _write_again(
+    session: AsyncSession, stale: list[Row[Any]], older_than_seconds: float, topics: Topics
+) -> None:
+    """A ``tool.call.redriven`` event per call and a command that names it as its cause."""
+    events = [
+        event_row(
+            EventType.TOOL_CALL_REDRIVEN,
+            CallContext.of(r._mapping),
+            producer=Producer.REDRIVE,
+            payload={
+                "authorizedSince": r.updated_at.isoformat(),
+                "thresholdSeconds": older_than_seconds,
+            },
+        )
+        for r in stale
+    ]
+    await record_events(session, events, topics=topics)
+    await enqueue(
+        session,
+        [
+            DispatchCommand.build(
+                r._mapping, producer=Producer.REDRIVE, causation_id=event["event_id"]
+            ).to_outbox_row(topics)
+            for r, event in zip(stale, events, strict=True)
+        ],
+    )
