@@ -14,14 +14,15 @@ import pytest
 
 from dispatcher.client import DispatcherClient
 from examples.agent_harness.model import REPORT
-from tests.agent_harness_support import (
+from tests.fixtures.harness import (
     TOOLS,
     Harness,
     harness_stack,
     read_checkpoint,
     transcript_problems,
 )
-from tests.stack_support import API_KEY, eventually
+from tests.fixtures.stack import API_KEY
+from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.slow]
 

@@ -21,7 +21,7 @@ from examples.agent_harness.checkpoint import (
 from examples.agent_harness.crash import LABELS, CrashPlan, CrashSpecError
 from examples.agent_harness.model import RESPONSES, UNSURE, ScriptedModel, ScriptExhausted
 from examples.agent_harness.tools import TOOLS
-from tests.agent_harness_support import EXAMPLE, REPO, transcript_problems
+from tests.fixtures.harness import EXAMPLE, REPO, transcript_problems
 
 
 def a_checkpoint() -> Checkpoint:

@@ -21,7 +21,8 @@ from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.engine import engine_for
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.settings import Settings, load_settings
-from tests.api_support import (
+from dispatcher.testing.databases import unique_name, with_database
+from tests.fixtures.api import (
     ACME_KEY,
     ACME_READ_ONLY_KEY,
     GLOBEX_KEY,
@@ -29,7 +30,6 @@ from tests.api_support import (
     bearer,
     running_api,
 )
-from tests.services import unique_name, with_database
 
 pytestmark = pytest.mark.postgres
 
@@ -139,15 +139,9 @@ def api_settings(database_url: str) -> Settings:
 
 
 @pytest.fixture
-async def client(
-    api_settings: Settings, registry: CapabilityRegistry, engine: AsyncEngine
-) -> AsyncIterator[httpx.AsyncClient]:
+def client(api: httpx.AsyncClient) -> httpx.AsyncClient:
     """An unauthenticated client of the running API; requests pass their own key."""
-    async with (
-        running_api(api_settings, registry, engine) as base_url,
-        httpx.AsyncClient(base_url=base_url) as http,
-    ):
-        yield http
+    return api
 
 
 # --- intake ---------------------------------------------------------------------------

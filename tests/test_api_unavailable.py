@@ -13,7 +13,7 @@ import pytest
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.settings import ApiKey, Settings, hash_api_key, load_settings
 from dispatcher.testing.embedded import free_port
-from tests.api_support import bearer, running_api
+from tests.fixtures.api import bearer, running_api
 
 OPERATOR_KEY = "tdk_test_acme_every_scope"
 OPERATOR = bearer(OPERATOR_KEY)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import update
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.cli.approvals import expire_all
@@ -22,23 +21,28 @@ from dispatcher.control.escalations import Actor
 from dispatcher.db.tables import tool_calls
 from dispatcher.errors import ApprovalStale, CapabilityUnavailable, Forbidden
 from dispatcher.settings import Settings
-from tests.api_support import bearer, running_api
-from tests.control_support import (
+from tests.fixtures.api import (
     ALICE,
     BOB,
     GLOBEX,
     OPERATOR,
     READER,
+    bearer,
+)
+from tests.fixtures.capabilities import (
     approval_capability,
-    approval_of,
-    control_keys,
-    dispatch_commands,
     plain_capability,
     with_capability,
     without_capability,
 )
-from tests.dispatch_support import call_row, event_payloads, event_types
-from tests.test_cli import run_cli
+from tests.fixtures.cli import run_cli
+from tests.fixtures.rows import (
+    approval_of,
+    call_row,
+    dispatch_commands,
+    event_payloads,
+    event_types,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -54,22 +58,6 @@ def registry() -> CapabilityRegistry:
         plain_capability("send"),
     ]
     return CapabilityRegistry({c.id: c for c in caps})
-
-
-@pytest.fixture
-def api_settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={"api_keys": control_keys()})
-
-
-@pytest.fixture
-async def api(
-    api_settings: Settings, registry: CapabilityRegistry, engine: AsyncEngine
-) -> AsyncIterator[httpx.AsyncClient]:
-    async with (
-        running_api(api_settings, registry, engine) as base,
-        httpx.AsyncClient(base_url=base) as client,
-    ):
-        yield client
 
 
 async def propose(

@@ -5,7 +5,6 @@ through to the provider (real processes, a real broker that appears late)."""
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import load_registry
 from dispatcher.testing.embedded import Tansu, free_port
 from dispatcher.testing.sandbox import SandboxServer
-from tests.dispatch_support import books, call_row, submit_call
-from tests.stack_support import ProcessStack, eventually
+from tests.fixtures.calls import submit_call
+from tests.fixtures.rows import call_row
+from tests.fixtures.sandbox import books
+from tests.fixtures.stack import MakeStack
+from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.slow]
 
@@ -27,26 +29,13 @@ def port() -> int:
     return free_port(HOST)
 
 
-@pytest.fixture
-def stack(
-    tmp_path: Path, database_url: str, port: int, sandbox: SandboxServer
-) -> Iterator[ProcessStack]:
-    stack = ProcessStack(
-        tmp_path,
-        database_url=database_url,
-        kafka_bootstrap=f"{HOST}:{port}",
-        sandbox_url=sandbox.url,
-    )
-    yield stack
-    stack.close()
-
-
 async def test_worker_and_relay_wait_for_a_broker_that_is_not_up_yet(
-    stack: ProcessStack,
+    make_stack: MakeStack,
     port: int,
     sessions: async_sessionmaker[AsyncSession],
     sandbox: SandboxServer,
 ) -> None:
+    stack = make_stack(sandbox_url=sandbox.url, kafka_bootstrap=f"{HOST}:{port}")
     relay, worker = stack.start("relay"), stack.start("worker")
 
     def waiting(process: subprocess.Popen[bytes]) -> bool:

@@ -4,31 +4,14 @@ code 2 and one line on stderr; ``migrate`` and ``api-key`` do their job."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from dispatcher.settings import ApiKey, hash_api_key
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """``python -m dispatcher`` with no TOOL_DISPATCHER_* setting but those given."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("TOOL_DISPATCHER_")}
-    return subprocess.run(
-        [sys.executable, "-m", "dispatcher", *args],
-        env={**clean, **env},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+from tests.fixtures.cli import run_cli
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str]) -> str:

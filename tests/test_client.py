@@ -27,13 +27,13 @@ from dispatcher.errors import (
 from dispatcher.intake.service import SubmitRequest
 from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
 from dispatcher.provider.client import ProviderClient
-from dispatcher.settings import Settings
+from dispatcher.testing.registries import capability, registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
-from tests.api_support import bearer, running_api
-from tests.control_support import ALICE, BOB, OPERATOR, approval_capability, control_keys
-from tests.dispatch_support import books, capability, registry_of
-from tests.stack_support import eventually
+from tests.fixtures.api import ALICE, BOB, OPERATOR, bearer
+from tests.fixtures.capabilities import approval_capability
+from tests.fixtures.sandbox import books
+from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -48,13 +48,8 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
 
 
 @pytest.fixture
-async def base_url(
-    settings: Settings, registry: CapabilityRegistry, engine: AsyncEngine
-) -> AsyncIterator[str]:
-    async with running_api(
-        settings.model_copy(update={"api_keys": control_keys()}), registry, engine
-    ) as base:
-        yield base
+def base_url(api_url: str) -> str:
+    return api_url
 
 
 @pytest.fixture

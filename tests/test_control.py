@@ -5,13 +5,12 @@ unknown ones compensated by policy) and retrying a call."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import select, text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control.escalations import Actor
@@ -20,38 +19,22 @@ from dispatcher.db.tables import runs, tool_calls
 from dispatcher.errors import RunStopped
 from dispatcher.intake.service import SubmitRequest, submit
 from dispatcher.provider.client import ProviderClient
-from dispatcher.settings import Settings
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
-from tests.api_support import bearer, running_api
-from tests.control_support import (
-    ALICE,
-    OPERATOR,
-    READER,
-    approval_capability,
+from tests.fixtures.api import ALICE, OPERATOR, READER, bearer
+from tests.fixtures.calls import insert_call, make_due, submit_call, unknown_call
+from tests.fixtures.capabilities import approval_capability, plain_capability, reconcile_capability
+from tests.fixtures.reconciling import new_reconciler, until_settled
+from tests.fixtures.rows import (
     approval_of,
-    control_keys,
-    dispatch_commands,
-    insert_call,
-    plain_capability,
-)
-from tests.dispatch_support import (
-    add_fault,
-    books,
     call_row,
+    dispatch_commands,
     event_payloads,
     event_types,
-    submit_call,
 )
-from tests.reconcile_support import (
-    make_due,
-    new_reconciler,
-    reconcile_capability,
-    unknown_call,
-    until_settled,
-)
-from tests.stack_support import eventually
+from tests.fixtures.sandbox import add_fault, books
+from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -72,24 +55,6 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
         reconcile_capability("refund-keep", url),
     ]
     return CapabilityRegistry({c.id: c for c in caps})
-
-
-@pytest.fixture
-async def api(
-    settings: Settings, registry: CapabilityRegistry, engine: AsyncEngine
-) -> AsyncIterator[httpx.AsyncClient]:
-    api_settings = settings.model_copy(update={"api_keys": control_keys()})
-    async with (
-        running_api(api_settings, registry, engine) as base,
-        httpx.AsyncClient(base_url=base) as client,
-    ):
-        yield client
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 # Backends of this test's database waiting for an advisory lock (a run's lock) that the

@@ -3,21 +3,19 @@ CLI (a subprocess): list, acknowledge, resolve, and resolving twice."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control.escalations import escalate
 from dispatcher.settings import ApiKey, Settings, hash_api_key
 from dispatcher.states import ExecutionStatus as S
-from tests.api_support import bearer, running_api
-from tests.dispatch_support import call_row, event_payloads, outbox_rows
-from tests.reconcile_support import insert_unknown_calls
-from tests.test_cli import run_cli
+from tests.fixtures.api import bearer
+from tests.fixtures.calls import insert_unknown_calls
+from tests.fixtures.cli import run_cli
+from tests.fixtures.rows import call_row, event_payloads, outbox_rows
 
 pytestmark = pytest.mark.postgres
 
@@ -51,17 +49,6 @@ async def escalated_call(sessions: async_sessionmaker[AsyncSession], key: str) -
             producer="test",
         )
     return call, view.escalation_id
-
-
-@pytest.fixture
-async def api(
-    api_settings: Settings, registry: CapabilityRegistry, engine: AsyncEngine
-) -> AsyncIterator[httpx.AsyncClient]:
-    async with (
-        running_api(api_settings, registry, engine) as base,
-        httpx.AsyncClient(base_url=base) as client,
-    ):
-        yield client
 
 
 async def test_resolve_over_http_settles_the_call_and_twice_is_409(

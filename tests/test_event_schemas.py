@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -34,25 +32,21 @@ from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC, EventType, envelope
 from dispatcher.provider.client import ProviderClient
 from dispatcher.schemas import EventView
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.testing.registries import capability
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.views.run_view import fold_run
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired
 from dispatcher.worker.redrive import redrive_stale
-from tests.control_support import approval_capability, approval_of
-from tests.dispatch_support import capability, submit_call
-from tests.reconcile_support import (
-    make_due,
-    new_reconciler,
-    reconcile_capability,
-    unknown_call,
-    until_settled,
-)
-from tests.test_recovery import expire_leases
+from tests.fixtures.calls import expire_leases, make_due, submit_call, unknown_call
+from tests.fixtures.capabilities import approval_capability, reconcile_capability
+from tests.fixtures.paths import REPO
+from tests.fixtures.reconciling import new_reconciler, until_settled
+from tests.fixtures.rows import approval_of
 
 pytestmark = pytest.mark.postgres
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = REPO / "docs"
 Sessions = async_sessionmaker[AsyncSession]
 BOB = Actor("bob", "acme", "test")
 
@@ -93,12 +87,6 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
         reconcile_capability("refund-blind", url, by_key=False),
     ]
     return CapabilityRegistry({c.id: c for c in caps})
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 async def scenario(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -14,19 +14,12 @@ from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
 from dispatcher.provider.client import ProviderClient
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.embedded import free_port
+from dispatcher.testing.registries import capability, registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
-from tests.dispatch_support import (
-    add_fault,
-    books,
-    call_row,
-    capability,
-    event_payloads,
-    event_types,
-    outbox_rows,
-    registry_of,
-    submit_call,
-)
+from tests.fixtures.calls import submit_call
+from tests.fixtures.rows import call_row, event_payloads, event_types, outbox_rows
+from tests.fixtures.sandbox import add_fault, books
 
 pytestmark = pytest.mark.postgres
 
@@ -42,12 +35,6 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
         capability("refund-slow", sandbox.url, timeout=0.3),
         capability("refund-nowhere", unused, attempts=3),
     )
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ real sandbox)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -18,19 +17,14 @@ from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC
 from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
 from dispatcher.provider.client import OutcomeKind, ProviderClient, ProviderOutcome
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.testing.registries import capability, registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.outcomes import Sent
 from dispatcher.worker.recovery import recover_expired
-from tests.dispatch_support import (
-    books,
-    call_row,
-    capability,
-    event_payloads,
-    event_types,
-    registry_of,
-    submit_call,
-)
+from tests.fixtures.calls import submit_call
+from tests.fixtures.rows import call_row, event_payloads, event_types
+from tests.fixtures.sandbox import books
 
 pytestmark = pytest.mark.postgres
 
@@ -42,12 +36,6 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
     return registry_of(
         capability("refund", sandbox.url), capability("lookup", sandbox.url, side_effects=False)
     )
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 def executor_of(

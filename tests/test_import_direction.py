@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.fixtures.paths import REPO
 
 
 def imported_modules(source: str, package: str) -> set[str]:

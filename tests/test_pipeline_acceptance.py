@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections import Counter
-from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,8 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.db.tables import tool_calls
 from dispatcher.testing.embedded import free_port, wait_for_port
-from tests.dispatch_support import add_fault, books
-from tests.stack_support import API_KEY, ProcessStack, eventually, exited
+from tests.fixtures.sandbox import add_fault, books
+from tests.fixtures.stack import API_KEY, MakeStack, ProcessStack, exited
+from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.slow]
 
@@ -36,13 +35,8 @@ def sandbox_port() -> int:
 
 
 @pytest.fixture
-def stack(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, sandbox_port: int
-) -> Iterator[ProcessStack]:
-    stack = ProcessStack(
-        tmp_path,
-        database_url=database_url,
-        kafka_bootstrap=kafka_bootstrap,
+def stack(make_stack: MakeStack, sandbox_port: int) -> ProcessStack:
+    stack = make_stack(
         sandbox_url=f"http://127.0.0.1:{sandbox_port}",
         # Only a stalled provider ever waits for this (the faults below answer or drop
         # at once); a read timeout would make a call result_unknown that the fault plan
@@ -51,14 +45,11 @@ def stack(
         capability={"timeout": 10.0, "attempts": 3},
         http_port=free_port(),
     )
-    try:
-        # The provider as a process of its own, like the rest of the pipeline: not in
-        # this test's event loop, which submits and polls at the same time.
-        stack.start("sandbox", "--port", str(sandbox_port))
-        wait_for_port("127.0.0.1", sandbox_port, timeout=60)
-        yield stack
-    finally:
-        stack.close()
+    # The provider as a process of its own, like the rest of the pipeline: not in this
+    # test's event loop, which submits and polls at the same time.
+    stack.start("sandbox", "--port", str(sandbox_port))
+    wait_for_port("127.0.0.1", sandbox_port, timeout=60)
+    return stack
 
 
 def key(i: int) -> str:

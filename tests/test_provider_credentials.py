@@ -16,8 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
 from dispatcher.provider.client import ProviderClient
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.testing.registries import capability, registry_of
 from dispatcher.worker.executor import Executor
-from tests.dispatch_support import capability, registry_of, submit_call
+from tests.fixtures.calls import submit_call
 
 pytestmark = pytest.mark.postgres
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 
 from dispatcher.capabilities import Capability
+from tests.fixtures.paths import REPO
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = REPO / "README.md"
 
 
 def test_readme_capability_example_is_a_valid_registry() -> None:

@@ -13,40 +13,15 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.db.tables import escalations, tool_calls
-from dispatcher.testing.registries import SANDBOX_REGISTRY
+from dispatcher.testing.registries import SANDBOX_REGISTRY, registry_of
 from dispatcher.testing.sandbox import SandboxServer
-from tests.dispatch_support import add_fault, books
-from tests.reconcile_support import create_at_sandbox, insert_unknown_calls
-from tests.test_cli import REPO, run_cli
+from tests.fixtures.calls import insert_unknown_calls
+from tests.fixtures.capabilities import cron_capability, registry_file
+from tests.fixtures.cli import run_cli
+from tests.fixtures.paths import REPO
+from tests.fixtures.sandbox import add_fault, books, create_at_sandbox
 
 pytestmark = pytest.mark.postgres
-
-
-def capabilities_file(tmp_path: Path, base: str) -> Path:
-    # Lookups get 3 s: five CLI processes start at once on a loaded machine, and with
-    # maxAttempts = 1 one slow answer would escalate a call the provider knows. The
-    # stuck key's fault holds its lookup until the client gives up, so it still times out.
-    path = tmp_path / "capabilities.toml"
-    path.write_text(
-        f"""
-[[capability]]
-id = "refund"
-sideEffects = true
-request = {{ method = "POST", url = "{base}/v1/requests", timeoutSeconds = 2 }}
-reconcile = {{ maxAttempts = 1, initialDelaySeconds = 0.01 }}
-
-[capability.statusLookup]
-method = "GET"
-url = "{base}/v1/requests/{{externalRequestId}}"
-timeoutSeconds = 3
-
-[capability.lookupByKey]
-method = "GET"
-url = "{base}/v1/requests?idempotencyKey={{idempotencyKey}}"
-timeoutSeconds = 3
-"""
-    )
-    return path
 
 
 async def cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
@@ -80,7 +55,9 @@ async def test_cron_runs_settle_what_is_due_and_escalate_exactly_once(
     await add_fault(sandbox.url, {"kind": "timeout", "idempotencyKey": "k-stuck"})
     env = {
         "TOOL_DISPATCHER_DATABASE_URL": database_url,
-        "TOOL_DISPATCHER_CAPABILITIES_FILE": str(capabilities_file(tmp_path, sandbox.url)),
+        "TOOL_DISPATCHER_CAPABILITIES_FILE": str(
+            registry_file(tmp_path, registry_of(cron_capability(sandbox.url)))
+        ),
     }
 
     # Five overlapping cron runs.

@@ -11,17 +11,14 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.tables import execution_events, tool_calls
+from dispatcher.testing.registries import registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from reconciler import Reconciler, Tally
 from reconciler.loop import reconcile_once
-from tests.dispatch_support import books, registry_of
-from tests.reconcile_support import (
-    create_at_sandbox,
-    insert_unknown_calls,
-    make_due,
-    new_reconciler,
-    reconcile_capability,
-)
+from tests.fixtures.calls import insert_unknown_calls, make_due
+from tests.fixtures.capabilities import reconcile_capability
+from tests.fixtures.reconciling import new_reconciler
+from tests.fixtures.sandbox import books, create_at_sandbox
 
 pytestmark = pytest.mark.postgres
 CALLS = 1000

@@ -4,7 +4,6 @@ call in doubt gets settled, and the ways it gets handed to a person exactly once
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -18,23 +17,16 @@ from dispatcher.db.tables import tool_calls
 from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC
 from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
 from dispatcher.provider.client import ProviderClient
+from dispatcher.testing.registries import registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired
 from reconciler import Tally, metrics
-from tests.dispatch_support import add_fault, books, call_row, registry_of, submit_call
-from tests.reconcile_support import (
-    age_calls,
-    escalation_messages,
-    escalation_rows,
-    events_of,
-    make_due,
-    new_reconciler,
-    reconcile_capability,
-    unknown_call,
-    until_settled,
-)
-from tests.test_recovery import expire_leases
+from tests.fixtures.calls import age_calls, expire_leases, make_due, submit_call, unknown_call
+from tests.fixtures.capabilities import reconcile_capability
+from tests.fixtures.reconciling import new_reconciler, until_settled
+from tests.fixtures.rows import call_row, escalation_messages, escalation_rows, events_of
+from tests.fixtures.sandbox import add_fault, books
 
 pytestmark = pytest.mark.postgres
 
@@ -44,18 +36,16 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
     url = sandbox.url
     return registry_of(
         reconcile_capability("refund", url),
-        reconcile_capability("refund-no-resend", url, onNotFound="confirm_failure"),
-        reconcile_capability("refund-slow-lookup", url, lookup_timeout=0.2, maxAttempts=3),
-        reconcile_capability("refund-short-window", url, idempotencyWindowSeconds=60),
+        reconcile_capability("refund-no-resend", url, reconcile={"onNotFound": "confirm_failure"}),
+        reconcile_capability(
+            "refund-slow-lookup", url, lookup_timeout=0.2, reconcile={"maxAttempts": 3}
+        ),
+        reconcile_capability(
+            "refund-short-window", url, reconcile={"idempotencyWindowSeconds": 60}
+        ),
         # Waits out a held lookup (see the take-over test) instead of timing out.
         reconcile_capability("refund-patient-lookup", url, lookup_timeout=30),
     )
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 async def test_dropped_response_is_confirmed_from_the_provider(
@@ -478,7 +468,7 @@ async def test_the_events_of_a_settlement_are_published_through_the_outbox(
         sessions, registry, http, sandbox.url, "refund", "k-pub", {"kind": "drop_after_apply"}
     )
     await new_reconciler(sessions, registry, http).run_pass()
-    from tests.dispatch_support import outbox_rows
+    from tests.fixtures.rows import outbox_rows
 
     published = [
         r["payload"]

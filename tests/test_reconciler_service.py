@@ -15,12 +15,14 @@ from sqlalchemy import select
 
 from dispatcher.db.engine import engine_for, session_factory
 from dispatcher.db.tables import tool_calls
+from dispatcher.testing.databases import create_database, drop_database, unique_name, with_database
+from dispatcher.testing.registries import registry_of
 from dispatcher.testing.sandbox import SandboxServer
-from tests.reconcile_support import create_at_sandbox, insert_unknown_calls
-from tests.services import admin, unique_name, with_database
-from tests.stack_support import eventually
-from tests.test_cli import REPO
-from tests.test_reconcile_cli import capabilities_file
+from tests.fixtures.calls import insert_unknown_calls
+from tests.fixtures.capabilities import cron_capability, registry_file
+from tests.fixtures.paths import REPO
+from tests.fixtures.sandbox import create_at_sandbox
+from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -35,7 +37,9 @@ async def test_a_reconciler_started_while_the_database_is_down_waits_for_it(
     env = {
         **clean,
         "TOOL_DISPATCHER_DATABASE_URL": late_url,
-        "TOOL_DISPATCHER_CAPABILITIES_FILE": str(capabilities_file(tmp_path, sandbox.url)),
+        "TOOL_DISPATCHER_CAPABILITIES_FILE": str(
+            registry_file(tmp_path, registry_of(cron_capability(sandbox.url)))
+        ),
         "TOOL_DISPATCHER_RECONCILE_INTERVAL_SECONDS": "0.2",
     }
     # Lazy: nothing connects before the database exists.
@@ -56,7 +60,7 @@ async def test_a_reconciler_started_while_the_database_is_down_waits_for_it(
         assert proc.returncode is None, log_path.read_text(errors="replace")
 
         # The database comes back, with calls waiting for the reconciler.
-        admin(pg_server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+        create_database(pg_server_url, name, template=template_database)
         keys = ["k-back-1", "k-back-2"]
         ids = await insert_unknown_calls(
             sessions, keys, "refund", external_ids=await create_at_sandbox(sandbox.url, keys)
@@ -80,5 +84,5 @@ async def test_a_reconciler_started_while_the_database_is_down_waits_for_it(
             proc.terminate()
         code = await asyncio.wait_for(proc.wait(), 30)
         await engine.dispose()
-        admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(pg_server_url, name)
     assert code == 0

@@ -8,28 +8,20 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from sqlalchemy import text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.db.tables import tool_calls
 from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC
 from dispatcher.ledger.events import DEFAULT_EVENTS_TOPIC
 from dispatcher.provider.client import OutcomeKind, ProviderClient, ProviderOutcome
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.testing.registries import capability, registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired
-from tests.dispatch_support import (
-    books,
-    call_row,
-    capability,
-    event_payloads,
-    event_types,
-    outbox_rows,
-    registry_of,
-    submit_call,
-)
+from tests.fixtures.calls import expire_leases, submit_call
+from tests.fixtures.rows import call_row, event_payloads, event_types, outbox_rows
+from tests.fixtures.sandbox import books
 
 pytestmark = pytest.mark.postgres
 
@@ -52,15 +44,6 @@ async def executor(
             ProviderClient(http),
             worker_id="worker-a",
             events_topic=DEFAULT_EVENTS_TOPIC,
-        )
-
-
-async def expire_leases(sessions: async_sessionmaker[AsyncSession]) -> None:
-    async with sessions() as session, session.begin():
-        await session.execute(
-            update(tool_calls)
-            .where(tool_calls.c.status == "dispatching")
-            .values(lease_expires_at=text("now() - interval '1 second'"))
         )
 
 

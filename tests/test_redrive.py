@@ -4,7 +4,6 @@ PostgreSQL, and end to end with real relay and worker processes on a real broker
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,14 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import CapabilityRegistry, load_registry
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.intake.service import DEFAULT_DISPATCH_TOPIC
+from dispatcher.testing.registries import capability, registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.redrive import redrive_stale
-from tests.dispatch_support import books, call_row, capability, registry_of, submit_call
-from tests.stack_support import ProcessStack, eventually
+from tests.fixtures.calls import submit_call
+from tests.fixtures.rows import call_row
+from tests.fixtures.sandbox import books
+from tests.fixtures.stack import MakeStack
+from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -154,29 +157,16 @@ async def test_claimed_call_is_not_redriven(
     assert await redrive(sessions) == []
 
 
-@pytest.fixture
-def stack(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, sandbox: SandboxServer
-) -> Iterator[ProcessStack]:
-    stack = ProcessStack(
-        tmp_path,
-        database_url=database_url,
-        kafka_bootstrap=kafka_bootstrap,
-        sandbox_url=sandbox.url,
-        redrive_after_seconds=1,
-        redrive_interval_seconds=0.2,
-    )
-    yield stack
-    stack.close()
-
-
 @pytest.mark.kafka
 @pytest.mark.slow
 async def test_worker_redrives_lost_commands_and_applies_each_once(
-    stack: ProcessStack, sessions: async_sessionmaker[AsyncSession], sandbox: SandboxServer
+    make_stack: MakeStack, sessions: async_sessionmaker[AsyncSession], sandbox: SandboxServer
 ) -> None:
     """Commands lost with the broker's memory are re-emitted by a worker's sweep, and
     the duplicates that two re-drives produce are dropped by the call's state."""
+    stack = make_stack(
+        sandbox_url=sandbox.url, redrive_after_seconds=1, redrive_interval_seconds=0.2
+    )
     registry = load_registry(Path(stack.env["TOOL_DISPATCHER_CAPABILITIES_FILE"]))
     calls = [
         await submit_call(

@@ -9,7 +9,7 @@ import pytest
 
 from outbox_relay.backoff import Backoff
 from outbox_relay.relay import BatchResult, Relay, TransientPublishError
-from tests.relay_support import relay_config
+from tests.fixtures.relay import relay_config
 
 INITIAL = 0.01
 CAP = 0.08

@@ -7,19 +7,19 @@ from collections.abc import Iterator
 
 import pytest
 
+from dispatcher.testing.databases import unique_name
 from dispatcher.testing.embedded import Tansu
-from tests.relay_support import (
+from tests.fixtures.relay import (
     RunningRelay,
     TopicReader,
     assert_key_order,
-    eventually,
     insert,
     message,
     relay_config,
     scalar,
     unpublished,
 )
-from tests.services import unique_name
+from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.slow]
 

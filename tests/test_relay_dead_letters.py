@@ -5,21 +5,14 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 
+from dispatcher.testing.databases import unique_name
 from outbox_relay import (
     discard_dead_letter,
     list_dead_letters,
     retry_dead_letter,
     run_once,
 )
-from tests.relay_support import (
-    RunningRelay,
-    TopicReader,
-    insert,
-    message,
-    relay_config,
-    scalar,
-)
-from tests.services import unique_name
+from tests.fixtures.relay import RunningRelay, TopicReader, insert, message, relay_config, scalar
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka]
 

@@ -9,18 +9,18 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.relay_support import (
+from dispatcher.testing.databases import unique_name
+from tests.fixtures.relay import (
     INSERT,
     RelayProcess,
     TopicReader,
     assert_key_order,
-    eventually,
     message,
     row_params,
     scalar,
     unpublished,
 )
-from tests.services import unique_name
+from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.slow]
 

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.relay_support import (
+from dispatcher.testing.databases import unique_name
+from tests.fixtures.relay import (
     REPO,
     RelayProcess,
     TopicReader,
     assert_key_order,
-    eventually,
     fill,
     scalar,
     unpublished,
 )
-from tests.services import unique_name
+from tests.fixtures.waiting import eventually
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

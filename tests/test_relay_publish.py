@@ -9,12 +9,12 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
+from dispatcher.testing.databases import unique_name
 from outbox_relay import run_once
 from outbox_relay.relay import Relay
-from tests.relay_support import (
+from tests.fixtures.relay import (
     RunningRelay,
     TopicReader,
-    eventually,
     first_deliveries,
     insert,
     message,
@@ -22,7 +22,7 @@ from tests.relay_support import (
     scalar,
     unpublished,
 )
-from tests.services import unique_name
+from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka]
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from outbox_relay import purge_published, run_once
-from tests.relay_support import RunningRelay, insert, message, relay_config, scalar
+from tests.fixtures.relay import RunningRelay, insert, message, relay_config, scalar
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka]
 

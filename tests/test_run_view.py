@@ -3,27 +3,16 @@ the run's event log that anyone can fetch."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.schemas import EventView
-from dispatcher.settings import Settings
 from dispatcher.views.run_view import fold_run
-from tests.api_support import bearer, running_api
-from tests.control_support import (
-    ALICE,
-    BOB,
-    GLOBEX,
-    OPERATOR,
-    approval_capability,
-    control_keys,
-    plain_capability,
-)
+from tests.fixtures.api import ALICE, BOB, GLOBEX, OPERATOR, bearer
+from tests.fixtures.capabilities import approval_capability, plain_capability
 
 pytestmark = pytest.mark.postgres
 
@@ -32,18 +21,6 @@ pytestmark = pytest.mark.postgres
 def registry() -> CapabilityRegistry:
     caps = [approval_capability("refund-big", risk="high"), plain_capability("send")]
     return CapabilityRegistry({c.id: c for c in caps})
-
-
-@pytest.fixture
-async def api(
-    settings: Settings, registry: CapabilityRegistry, engine: AsyncEngine
-) -> AsyncIterator[httpx.AsyncClient]:
-    api_settings = settings.model_copy(update={"api_keys": control_keys()})
-    async with (
-        running_api(api_settings, registry, engine) as base,
-        httpx.AsyncClient(base_url=base) as client,
-    ):
-        yield client
 
 
 async def view_and_fold(api: httpx.AsyncClient, run_id: str) -> dict[str, Any]:

@@ -4,7 +4,6 @@ three-way rule decides what happens to the call (real PostgreSQL, broker, sandbo
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,30 +11,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import load_registry
 from dispatcher.testing.sandbox import SandboxServer
-from tests.dispatch_support import books, call_row, event_types, submit_call
-from tests.stack_support import ProcessStack, eventually, exited
+from tests.fixtures.calls import submit_call
+from tests.fixtures.rows import call_row, event_types
+from tests.fixtures.sandbox import books
+from tests.fixtures.stack import MakeStack, exited
+from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.slow]
-
-
-@pytest.fixture
-def stack(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, sandbox: SandboxServer
-) -> Iterator[ProcessStack]:
-    stack = ProcessStack(
-        tmp_path,
-        database_url=database_url,
-        kafka_bootstrap=kafka_bootstrap,
-        sandbox_url=sandbox.url,
-        # A request timeout no loaded machine comes near: a timed-out first attempt of the
-        # read-only capability would be re-sent before the crash point and count twice.
-        # The lease this gives (5 s x 2 attempts + backoff + margin, ~10.6 s) is what the
-        # survivor waits out before recovering a call left dispatching; well inside
-        # `eventually`'s bound.
-        capability={"timeout": 5.0, "attempts": 2},
-    )
-    yield stack
-    stack.close()
 
 
 CASES = [
@@ -58,10 +40,19 @@ async def test_kill_at_crash_point_then_recover(
     at_crash: str,
     final: str,
     received: int,
-    stack: ProcessStack,
+    make_stack: MakeStack,
     sessions: async_sessionmaker[AsyncSession],
     sandbox: SandboxServer,
 ) -> None:
+    stack = make_stack(
+        sandbox_url=sandbox.url,
+        # A request timeout no loaded machine comes near: a timed-out first attempt of the
+        # read-only capability would be re-sent before the crash point and count twice.
+        # The lease this gives (5 s x 2 attempts + backoff + margin, ~10.6 s) is what the
+        # survivor waits out before recovering a call left dispatching; well inside
+        # `eventually`'s bound.
+        capability={"timeout": 5.0, "attempts": 2},
+    )
     registry = load_registry(Path(stack.env["TOOL_DISPATCHER_CAPABILITIES_FILE"]))
     stack.start("relay")
     doomed = stack.start("worker", name="doomed", crash_at=f"{point}:1")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,38 +19,30 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import load_registry
 from dispatcher.testing.sandbox import SandboxServer
-from tests.dispatch_support import add_fault, books, call_row, submit_call
-from tests.stack_support import ProcessStack, eventually
+from tests.fixtures.calls import submit_call
+from tests.fixtures.rows import call_row
+from tests.fixtures.sandbox import add_fault, books
+from tests.fixtures.stack import MakeStack
+from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.slow]
 
 SESSION_TIMEOUT_MS = 2000
 
 
-@pytest.fixture
-def stack(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, sandbox: SandboxServer
-) -> Iterator[ProcessStack]:
-    # A provider timeout far beyond the pause below, so the paused call's lease and
-    # timeout cannot expire: only the worker's group membership goes stale.
-    stack = ProcessStack(
-        tmp_path,
-        database_url=database_url,
-        kafka_bootstrap=kafka_bootstrap,
-        sandbox_url=sandbox.url,
-        capability={"timeout": 60.0, "attempts": 1},
-        kafka_session_timeout_ms=SESSION_TIMEOUT_MS,
-    )
-    yield stack
-    stack.close()
-
-
 async def test_worker_survives_a_rebalance_between_its_batch_and_its_commit(
-    stack: ProcessStack,
+    make_stack: MakeStack,
     sessions: async_sessionmaker[AsyncSession],
     sandbox: SandboxServer,
     kafka_bootstrap: str,
 ) -> None:
+    # A provider timeout far beyond the pause below, so the paused call's lease and
+    # timeout cannot expire: only the worker's group membership goes stale.
+    stack = make_stack(
+        sandbox_url=sandbox.url,
+        capability={"timeout": 60.0, "attempts": 1},
+        kafka_session_timeout_ms=SESSION_TIMEOUT_MS,
+    )
     registry = load_registry(Path(stack.env["TOOL_DISPATCHER_CAPABILITIES_FILE"]))
     # The provider takes its time, so the worker is caught with its batch in flight; the
     # answer only has to come after the pause below begins, and a paused worker waits.

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,34 +13,26 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import load_registry
 from dispatcher.testing.sandbox import SandboxServer
-from tests.dispatch_support import add_fault, books, call_row, event_types, submit_call
-from tests.stack_support import ProcessStack, eventually
+from tests.fixtures.calls import submit_call
+from tests.fixtures.rows import call_row, event_types
+from tests.fixtures.sandbox import add_fault, books
+from tests.fixtures.stack import MakeStack
+from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.slow]
 
 
-@pytest.fixture
-def stack(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, sandbox: SandboxServer
-) -> Iterator[ProcessStack]:
+async def test_stalled_worker_wakes_up_fenced_out(
+    make_stack: MakeStack,
+    sessions: async_sessionmaker[AsyncSession],
+    sandbox: SandboxServer,
+) -> None:
     # Lease = 2 s timeout x 1 attempt + 0.5 s margin; the worker never sweeps itself.
-    stack = ProcessStack(
-        tmp_path,
-        database_url=database_url,
-        kafka_bootstrap=kafka_bootstrap,
+    stack = make_stack(
         sandbox_url=sandbox.url,
         capability={"timeout": 2.0, "attempts": 1},
         recovery_interval_seconds=3600,
     )
-    yield stack
-    stack.close()
-
-
-async def test_stalled_worker_wakes_up_fenced_out(
-    stack: ProcessStack,
-    sessions: async_sessionmaker[AsyncSession],
-    sandbox: SandboxServer,
-) -> None:
     registry = load_registry(Path(stack.env["TOOL_DISPATCHER_CAPABILITIES_FILE"]))
     # The provider takes its time, so the worker is caught with the request in flight.
     await add_fault(sandbox.url, {"kind": "latency", "latencyMs": 800, "idempotencyKey": "z-1"})
