@@ -31,7 +31,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 bench: $(STAMP)
-	$(BIN)/python bench/intake.py
+	$(BIN)/python -m bench.intake
 
 clean:
 	rm -rf $(VENV) .tool-dispatcher .pytest_cache .mypy_cache .ruff_cache

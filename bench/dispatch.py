@@ -2,7 +2,7 @@
 ``authorized`` to ``completed`` against the sandbox provider (zero latency), next to
 the sandbox's own request rate measured in the same run. Target: >= 0.5x.
 
-    .venv/bin/python bench/dispatch.py [--calls 5000] [--database-url URL]
+    .venv/bin/python -m bench.dispatch [--calls 5000] [--database-url URL]
         [--set worker_concurrency=256 --set provider_max_connections=8 ...]
 
 Creates (and drops) a scratch database on the server named by --database-url, starts
@@ -19,25 +19,21 @@ import shutil
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import httpx
 import psycopg
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from bench.sandbox import measure, start_sandbox  # noqa: E402
-from dispatcher.capabilities import load_registry  # noqa: E402
-from dispatcher.db import migrate  # noqa: E402
-from dispatcher.db.engine import engine_for, session_factory  # noqa: E402
-from dispatcher.intake.service import submit_many  # noqa: E402  # noqa: E402
-from dispatcher.schemas import SubmitRequest  # noqa: E402
-from dispatcher.settings import Topics  # noqa: E402
-from dispatcher.testing.embedded import Tansu, free_port  # noqa: E402
-from tests.services import with_database  # noqa: E402
-from tests.stack_support import capabilities_toml  # noqa: E402
+from bench.sandbox import measure, start_sandbox
+from dispatcher.capabilities import load_registry
+from dispatcher.db import migrate
+from dispatcher.db.engine import engine_for, session_factory
+from dispatcher.intake.service import submit_many
+from dispatcher.schemas import SubmitRequest
+from dispatcher.settings import Topics
+from dispatcher.testing.databases import create_database, drop_database, unique_name
+from dispatcher.testing.embedded import Tansu, free_port
+from dispatcher.testing.registries import refund_and_lookup, registry_toml
 
 
 async def prefill(url: str, caps: Path, n: int, topic: str, tag: str) -> None:
@@ -122,10 +118,8 @@ async def run_workers(url: str, env: dict[str, str], workers: int, n: int, tag: 
 
 
 async def main(args: argparse.Namespace) -> None:
-    scratch = f"td_bench_dispatch_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{scratch}"')  # type: ignore[arg-type]
-    url = with_database(args.database_url, scratch)
+    scratch = unique_name("td_bench_dispatch")
+    url = create_database(args.database_url, scratch)
     migrate.upgrade(url)
     broker = Tansu()
     bootstrap = broker.start()
@@ -133,7 +127,7 @@ async def main(args: argparse.Namespace) -> None:
     sandbox = await start_sandbox(port)
     sandbox_url = f"http://127.0.0.1:{port}"
     caps = Path(tempfile.mkdtemp()) / "capabilities.toml"
-    caps.write_text(capabilities_toml(sandbox_url, timeout=5.0, attempts=3))
+    caps.write_text(registry_toml(refund_and_lookup(sandbox_url, timeout=5.0, attempts=3)))
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("TOOL_DISPATCHER_")},
         "TOOL_DISPATCHER_DATABASE_URL": url,
@@ -170,8 +164,7 @@ async def main(args: argparse.Namespace) -> None:
         await sandbox.wait()
         broker.stop()
         shutil.rmtree(caps.parent, ignore_errors=True)
-        with psycopg.connect(args.database_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')  # type: ignore[arg-type]
+        drop_database(args.database_url, scratch)
 
     print()
     print(f"sandbox's own request rate (32 keep-alive clients): {ceiling:,.0f} req/s")
@@ -186,7 +179,9 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.dispatch", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--seconds", type=float, default=5.0, help="sandbox measurement")
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")

@@ -58,6 +58,7 @@ from dispatcher.intake.keys import fingerprint
 from dispatcher.intake.service import submit
 from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import Settings, hash_api_key
+from dispatcher.testing.databases import with_database
 from dispatcher.testing.embedded import free_port, wait_for_port
 from dispatcher.testing.registries import sandbox_registry
 
@@ -185,10 +186,6 @@ COMMIT;
 # --- scratch databases ------------------------------------------------------------
 
 
-def _url(base: str, database: str) -> str:
-    return make_url(base).set(database=database).render_as_string(hide_password=False)
-
-
 class ScratchDatabases:
     """A migrated template ``td_bench_<hex>`` and one copy of it per cell."""
 
@@ -204,7 +201,7 @@ class ScratchDatabases:
 
     def create_template(self) -> None:
         self._admin(f'CREATE DATABASE "{self.template}"')
-        migrate.upgrade(_url(self.admin_url, self.template))
+        migrate.upgrade(with_database(self.admin_url, self.template))
 
     @contextlib.contextmanager
     def cell(self) -> Iterator[str]:
@@ -213,7 +210,7 @@ class ScratchDatabases:
         # CHECKPOINT: no cell pays for the previous cell's dirty buffers.
         self._admin(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"', "CHECKPOINT")
         try:
-            yield _url(self.admin_url, name)
+            yield with_database(self.admin_url, name)
         finally:
             self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

@@ -1,13 +1,13 @@
 """Benchmark of the reconciler, next to the sandbox's own lookup rate in the same run.
 
-    .venv/bin/python bench/reconcile.py [--database-url URL] [--calls 10000]
+    .venv/bin/python -m bench.reconcile [--database-url URL] [--calls 10000]
         [--batch-size 500] [--concurrency 8] [--batches-in-flight 3]
 
 Starts the sandbox provider in a subprocess, applies one request per key there, and
 inserts as many ``result_unknown`` calls (no provider id: each is found by its
 idempotency key, as after a lost response). Then it measures:
 
-- the ceiling: raw keep-alive GET lookups against the same sandbox (bench/sandbox.py's
+- the ceiling: raw keep-alive GET lookups against the same sandbox (bench.sandbox's
   client), requests per second;
 - the reconciler: calls settled per second until every one is ``confirmed``.
 
@@ -22,44 +22,21 @@ import asyncio
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import httpx
 import psycopg
 import uvloop
 from sqlalchemy import func, insert, select, text
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from bench.sandbox import _connection  # noqa: E402
-from dispatcher.capabilities import Capability, CapabilityRegistry  # noqa: E402
-from dispatcher.db import migrate  # noqa: E402
-from dispatcher.db.engine import engine_for, session_factory  # noqa: E402
-from dispatcher.db.tables import tool_calls  # noqa: E402
-from dispatcher.settings import Topics  # noqa: E402
-from dispatcher.testing.embedded import free_port  # noqa: E402
-from reconciler import Reconciler  # noqa: E402
-
-
-def _with_db(url: str, name: str) -> str:
-    base, _, _ = url.rpartition("/")
-    return f"{base}/{name}"
-
-
-def _capability(base: str) -> Capability:
-    return Capability.model_validate(
-        {
-            "id": "refund",
-            "sideEffects": True,
-            "request": {"url": f"{base}/v1/requests"},
-            "statusLookup": {"method": "GET", "url": f"{base}/v1/requests/{{externalRequestId}}"},
-            "lookupByKey": {
-                "method": "GET",
-                "url": f"{base}/v1/requests?idempotencyKey={{idempotencyKey}}",
-            },
-        }
-    )
+from bench.sandbox import _connection
+from dispatcher.db import migrate
+from dispatcher.db.engine import engine_for, session_factory
+from dispatcher.db.tables import tool_calls
+from dispatcher.settings import Topics
+from dispatcher.testing.databases import create_database, drop_database, unique_name
+from dispatcher.testing.embedded import free_port
+from dispatcher.testing.registries import capability, registry_of
+from reconciler import Reconciler
 
 
 async def _apply_at_sandbox(base: str, keys: list[str]) -> None:
@@ -104,7 +81,7 @@ async def run(args: argparse.Namespace, url: str) -> None:
         assert server.stdout is not None
         print((await asyncio.wait_for(server.stdout.readline(), 30)).decode().strip())
         keys = [f"rc:{i}" for i in range(args.calls)]
-        # bench/sandbox.py's lookup client asks for keys warm:0..99.
+        # bench.sandbox's lookup client asks for keys warm:0..99.
         await _apply_at_sandbox(base, keys + [f"warm:{i}" for i in range(100)])
         async with sessions() as session, session.begin():
             for start in range(0, len(keys), 1000):
@@ -145,7 +122,7 @@ async def run(args: argparse.Namespace, url: str) -> None:
         async with httpx.AsyncClient(limits=limits) as http:
             reconciler = Reconciler(
                 sessions,
-                CapabilityRegistry({"refund": _capability(base)}),
+                registry_of(capability("refund", base, timeout=None, attempts=None, by_key=True)),
                 http,
                 topics=Topics(events="bench.events", escalations="bench.escalations"),
                 batch_size=args.batch_size,
@@ -176,7 +153,9 @@ async def run(args: argparse.Namespace, url: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.reconcile", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--calls", type=int, default=10_000)
     parser.add_argument("--batch-size", type=int, default=500)
@@ -185,17 +164,14 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32, help="raw lookup clients")
     parser.add_argument("--seconds", type=float, default=3.0, help="raw lookup window")
     args = parser.parse_args()
-    scratch = f"bench_reconcile_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.database_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{scratch}"')  # type: ignore[arg-type]
-    url = _with_db(args.database_url, scratch)
+    scratch = unique_name("bench_reconcile")
+    url = create_database(args.database_url, scratch)
     try:
         migrate.upgrade(url)
         # The reconciler's CLI runs on uvloop too (reconciler/cli.py).
         uvloop.run(run(args, url))
     finally:
-        with psycopg.connect(args.database_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')  # type: ignore[arg-type]
+        drop_database(args.database_url, scratch)
 
 
 if __name__ == "__main__":

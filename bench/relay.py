@@ -1,6 +1,6 @@
 """Benchmark of the outbox relay, next to the ceiling measured in the same run.
 
-    .venv/bin/python bench/relay.py [--database-url URL] [--bootstrap HOST:PORT]
+    .venv/bin/python -m bench.relay [--database-url URL] [--bootstrap HOST:PORT]
 
 Prints relay throughput (rows/s over a pre-filled table; 1 and 3 relays) next to a raw
 aiokafka producer and a minimal SKIP LOCKED relay written below, then the
@@ -19,23 +19,15 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from dispatcher.db import migrate  # noqa: E402
-from dispatcher.testing.embedded import Tansu  # noqa: E402
-from outbox_relay import OutboxMessage, RelayConfig, run_relay  # noqa: E402
-from outbox_relay.kafka import kafka_headers  # noqa: E402
-
-
-def _with_db(url: str, name: str) -> str:
-    base, _, _ = url.rpartition("/")
-    return f"{base}/{name}"
+from dispatcher.db import migrate
+from dispatcher.testing.databases import create_database, drop_database, unique_name
+from dispatcher.testing.embedded import Tansu
+from outbox_relay import OutboxMessage, RelayConfig, run_relay
+from outbox_relay.kafka import kafka_headers
 
 
 def _rows(n: int, topic: str, keys: int) -> list[tuple[str, str, str, str]]:
@@ -171,7 +163,6 @@ def relay_process(url: str, bootstrap: str, batch: int, idx: int) -> subprocess.
             "--log-level",
             "WARNING",
         ],
-        cwd=REPO,
     )
 
 
@@ -263,7 +254,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.relay", description=__doc__)
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--bootstrap", help="Kafka bootstrap; default: an embedded Tansu")
     parser.add_argument("--rows", type=int, default=200_000)
@@ -278,10 +269,8 @@ async def main() -> None:
     if bootstrap is None:
         broker = Tansu()
         bootstrap = broker.start()
-    scratch = f"relay_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.database_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{scratch}"')  # type: ignore[arg-type]
-    url = _with_db(args.database_url, scratch)
+    scratch = unique_name("relay_bench")
+    url = create_database(args.database_url, scratch)
     try:
         migrate.upgrade(url)
         n, batch = args.rows, args.batch_size
@@ -327,8 +316,7 @@ async def main() -> None:
         print(f"  minimal relay / raw producer {minimal / raw:.2f}")
         print(f"  p99 latency target < 50 ms:  {'met' if p99 < 50 else 'MISSED'}")
     finally:
-        with psycopg.connect(args.database_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')  # type: ignore[arg-type]
+        drop_database(args.database_url, scratch)
         if broker is not None:
             broker.stop()
 

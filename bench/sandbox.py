@@ -4,7 +4,7 @@ Starts ``python -m dispatcher.testing.sandbox`` in a subprocess (so the load gen
 share its event loop) and drives it with concurrent keep-alive connections speaking raw
 HTTP/1.1, because an httpx client would saturate a core before the server does.
 
-    .venv/bin/python bench/sandbox.py [--connections 32] [--seconds 5] [--database-url URL]
+    .venv/bin/python -m bench.sandbox [--connections 32] [--seconds 5] [--database-url URL]
 """
 
 from __future__ import annotations
@@ -124,7 +124,9 @@ async def run(connections: int, seconds: float, mode: str, database_url: str | N
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.sandbox", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument(

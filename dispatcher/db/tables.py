@@ -1,5 +1,5 @@
 """The dispatcher's tables (SQLAlchemy Core). The Alembic migrations create them;
-``tests/test_migrations.py`` proves the two agree."""
+``tests/ledger/test_migrations.py`` proves the two agree."""
 
 from __future__ import annotations
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import psycopg
 from psycopg import sql
-from sqlalchemy.engine import make_url
 
 from dispatcher.db import migrate
 from dispatcher.settings import Settings
+from dispatcher.testing.databases import with_database
 from dispatcher.testing.embedded import EmbeddedPostgres, Tansu
 from dispatcher.topics import ensure_topics
 
@@ -76,12 +76,6 @@ class Infrastructure:
         return int(row[0]) if row else 0
 
 
-def database_named(url: str, name: str) -> str:
-    """The same server URL, naming another database (libpq form)."""
-    parsed = make_url(url).set(drivername="postgresql", database=name)
-    return parsed.render_as_string(hide_password=False)
-
-
 @asynccontextmanager
 async def infrastructure(
     settings: Settings, work: Path, seed: int
@@ -98,7 +92,7 @@ async def infrastructure(
             name = f"chaos_{seed}_{os.getpid()}"
             await _admin(settings.database_url, sql.SQL("CREATE DATABASE {}"), name)
             created = (settings.database_url, name)
-            database_url = database_named(settings.database_url, name)
+            database_url = with_database(settings.database_url, name)
         if settings.kafka_bootstrap is None:
             broker = Tansu(log_file=work / "tansu.log")
             kafka_bootstrap = await asyncio.to_thread(broker.start)

@@ -1,0 +1,102 @@
+"""Rows the broker can never take: dead-lettered, visible, blocking only their own key."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY
+
+from dispatcher.testing.databases import unique_name
+from outbox_relay import (
+    discard_dead_letter,
+    list_dead_letters,
+    retry_dead_letter,
+    run_once,
+)
+from tests.fixtures.relay import RunningRelay, TopicReader, insert, message, relay_config, scalar
+
+pytestmark = [pytest.mark.postgres, pytest.mark.kafka]
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, {"table": "outbox", **labels}) or 0.0
+
+
+def _big(topic: str, key: str, seq: int) -> dict[str, object]:
+    row = message(topic, key, seq)
+    row["payload"] = {"key": key, "seq": seq, "padding": "x" * 20_000}
+    return row
+
+
+async def test_poison_row_blocks_its_key_only(database_url: str, kafka_bootstrap: str) -> None:
+    topic = unique_name("relay-poison")
+    await insert(
+        database_url,
+        [
+            message(topic, "poison", 0),
+            _big(topic, "poison", 1),
+            message(topic, "poison", 2),
+            message(topic, "other", 0),
+            message(topic, "poison", 3),
+            message(topic, "other", 1),
+        ],
+    )
+    dead_before = _sample("outbox_relay_dead_lettered_total")
+    config = relay_config(database_url, kafka_bootstrap, max_message_bytes=10_000)
+
+    async with RunningRelay(config), TopicReader(kafka_bootstrap, topic) as reader:
+        await reader.distinct(3, within=20)
+        # Give it every chance to (wrongly) send the rows behind the dead letter.
+        await reader.until(lambda _: _sample("outbox_relay_blocked_rows") == 2, within=10)
+        await reader.poll(0.5)
+
+    assert sorted((m.key, m.seq) for m in reader.messages) == [
+        ("other", 0),
+        ("other", 1),
+        ("poison", 0),
+    ]
+    assert _sample("outbox_relay_dead_lettered_total") == dead_before + 1
+    assert _sample("outbox_relay_dead_letter_rows") == 1
+    [dead] = await list_dead_letters(database_url)
+    assert (dead.key, dead.attempts) == ("poison", 1)
+    assert "MessageSizeTooLargeError" in (dead.last_error or "")
+    assert dead.blocked_rows == 2
+    assert f"blocked behind dead letter id {dead.id}" in dead.describe()
+
+    # The operator raises the limit and retries: the row, then the ones it held back.
+    assert await retry_dead_letter(database_url, dead.id)
+    assert not await retry_dead_letter(database_url, dead.id)
+    for _ in range(3):
+        await run_once(relay_config(database_url, kafka_bootstrap))
+    async with TopicReader(kafka_bootstrap, topic) as reader:
+        messages = await reader.distinct(6, within=20)
+    assert [m.seq for m in messages if m.key == "poison"] == [0, 1, 2, 3]
+    assert await list_dead_letters(database_url) == []
+
+
+async def test_invalid_topic_is_dead_lettered_and_can_be_discarded(
+    database_url: str, kafka_bootstrap: str
+) -> None:
+    good = unique_name("relay-good")
+    await insert(
+        database_url,
+        [
+            message("not a valid topic!", "bad", 0),
+            message(good, "bad", 1),
+            message(good, "fine", 0),
+        ],
+    )
+    config = relay_config(database_url, kafka_bootstrap)
+
+    result = await run_once(config)
+
+    assert (result.published, result.dead_lettered) == (1, 1)
+    [dead] = await list_dead_letters(database_url)
+    assert "invalid topic name" in (dead.last_error or "")
+    assert dead.blocked_rows == 1
+
+    assert await discard_dead_letter(database_url, dead.id)
+    assert await scalar(database_url, "SELECT count(*) FROM outbox WHERE id = %s", dead.id) == 0
+    await run_once(config)
+    async with TopicReader(kafka_bootstrap, good) as reader:
+        messages = await reader.distinct(2, within=20)
+    assert sorted((m.key, m.seq) for m in messages) == [("bad", 1), ("fine", 0)]

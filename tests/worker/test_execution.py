@@ -1,0 +1,219 @@
+"""Each outcome class of a dispatch, against the real sandbox provider over HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.provider.client import ProviderClient
+from dispatcher.settings import DEFAULT_TOPICS
+from dispatcher.states import ExecutionStatus as S
+from dispatcher.testing.embedded import free_port
+from dispatcher.testing.registries import capability, registry_of
+from dispatcher.testing.sandbox import SandboxServer
+from dispatcher.worker.executor import Executor
+from tests.fixtures.calls import submit_call
+from tests.fixtures.rows import call_row, event_payloads, event_types, outbox_rows
+from tests.fixtures.sandbox import add_fault, books
+
+pytestmark = pytest.mark.postgres
+
+MakeExecutor = Callable[..., Executor]
+
+
+@pytest.fixture
+def registry(sandbox: SandboxServer) -> CapabilityRegistry:
+    unused = f"http://127.0.0.1:{free_port()}"
+    return registry_of(
+        capability("refund", sandbox.url),
+        capability("lookup", sandbox.url, side_effects=False),
+        capability("refund-slow", sandbox.url, timeout=0.3),
+        capability("refund-nowhere", unused, attempts=3),
+    )
+
+
+@pytest.fixture
+def make_executor(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    http: httpx.AsyncClient,
+) -> MakeExecutor:
+    def make(worker_id: str = "worker-a", secrets: dict[str, str] | None = None) -> Executor:
+        return Executor(
+            sessions,
+            registry,
+            ProviderClient(http, secrets),
+            worker_id=worker_id,
+            topics=DEFAULT_TOPICS,
+        )
+
+    return make
+
+
+async def test_final_success_is_accepted_then_completed(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    make_executor: MakeExecutor,
+) -> None:
+    call = await submit_call(sessions, registry, "refund", {"orderId": "o-1"}, key="refund:o-1")
+
+    assert await make_executor().execute(call) is S.COMPLETED
+
+    row = await call_row(sessions, call)
+    assert row["status"] == "completed"
+    assert row["verification_status"] == "confirmed_success"
+    assert row["external_request_id"].startswith("req_")
+    assert row["accepted_at"] is not None and row["completed_at"] is not None
+    assert row["dispatched_at"] is not None
+    assert row["result"] == {"echo": {"orderId": "o-1"}}
+    assert row["lease_owner"] is None
+    assert await event_types(sessions, call) == [
+        "tool.call.requested",
+        "tool.call.authorized",
+        "tool.call.dispatching",
+        "tool.call.accepted",
+        "tool.call.completed",
+    ]
+    published = [
+        r["headers"]["ce_type"] for r in await outbox_rows(sessions, DEFAULT_TOPICS.events)
+    ]
+    assert published[-3:] == ["tool.call.dispatching", "tool.call.accepted", "tool.call.completed"]
+    assert (await books(sandbox.url))["effects"] == {"refund:o-1": 1}
+
+
+async def test_provider_reported_failure_is_failed_and_confirmed(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    make_executor: MakeExecutor,
+) -> None:
+    call = await submit_call(sessions, registry, "refund", {"simulate": "fail"}, key="k-fail")
+    assert await make_executor().execute(call) is S.FAILED
+    row = await call_row(sessions, call)
+    assert row["verification_status"] == "confirmed_failure"
+    assert "failure" in row["last_error"]
+    assert (await books(sandbox.url))["effects"] == {}
+
+
+async def test_pending_is_accepted_and_left_to_the_reconciler(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    make_executor: MakeExecutor,
+) -> None:
+    call = await submit_call(sessions, registry, "refund", {"simulate": "pending"}, key="k-p")
+    assert await make_executor().execute(call) is S.ACCEPTED
+    row = await call_row(sessions, call)
+    assert row["reconciliation_status"] == "pending"
+    assert row["verification_status"] == "pending"
+    assert row["next_reconcile_at"] is not None
+    assert row["external_request_id"] is not None
+    assert row["completed_at"] is None
+
+
+async def test_invalid_request_fails_without_retry(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    make_executor: MakeExecutor,
+) -> None:
+    call = await submit_call(sessions, registry, "refund", {"simulate": "invalid"}, key="k-bad")
+    assert await make_executor().execute(call) is S.FAILED
+    row = await call_row(sessions, call)
+    assert "HTTP 400" in row["last_error"]
+    assert (await books(sandbox.url))["received"] == {"k-bad": 1}
+
+
+async def test_connection_refused_is_retried_then_failed_as_not_sent(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    make_executor: MakeExecutor,
+) -> None:
+    call = await submit_call(sessions, registry, "refund-nowhere", {}, key="k-nowhere")
+    assert await make_executor().execute(call) is S.FAILED
+    row = await call_row(sessions, call)
+    assert row["verification_status"] == "not_observed"
+    assert "ConnectError" in row["last_error"]
+    assert (await event_payloads(sessions, call))[-1]["attempts"] == 3
+
+
+@pytest.mark.parametrize("kind", ["rate_limit", "unavailable"])
+async def test_throttling_is_retried_with_the_same_key(
+    kind: str,
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    make_executor: MakeExecutor,
+) -> None:
+    await add_fault(
+        sandbox.url, {"kind": kind, "idempotencyKey": "k-thr", "times": 2, "retryAfter": 0}
+    )
+    call = await submit_call(sessions, registry, "refund", {"n": 1}, key="k-thr")
+    assert await make_executor().execute(call) is S.COMPLETED
+    counts = await books(sandbox.url)
+    assert counts["received"] == {"k-thr": 3}
+    assert counts["effects"] == {"k-thr": 1}
+
+
+@pytest.mark.parametrize(
+    ("cap", "rule"),
+    [
+        ("refund-slow", {"kind": "timeout", "seconds": 2, "apply": True}),
+        ("refund", {"kind": "drop_after_apply"}),
+        ("refund", {"kind": "drop_after_apply", "reset": True}),
+        ("refund", {"kind": "error", "status": 500}),
+        ("refund", {"kind": "error", "status": 503}),
+    ],
+    ids=["read-timeout", "dropped-response", "connection-reset", "http-500", "503-no-retry-after"],
+)
+async def test_sent_without_a_definitive_answer_is_result_unknown_never_retried(
+    cap: str,
+    rule: dict[str, Any],
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    make_executor: MakeExecutor,
+) -> None:
+    await add_fault(sandbox.url, {**rule, "idempotencyKey": "k-unk"})
+    call = await submit_call(sessions, registry, cap, {"n": 1}, key="k-unk")
+
+    assert await make_executor().execute(call) is S.RESULT_UNKNOWN
+
+    row = await call_row(sessions, call)
+    assert row["reconciliation_status"] == "pending"
+    assert row["verification_status"] == "pending"
+    assert row["next_reconcile_at"] is not None
+    assert row["last_error"]
+    assert (await books(sandbox.url))["received"] == {"k-unk": 1}
+
+
+async def test_read_only_capability_is_simply_retried_on_a_lost_response(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    make_executor: MakeExecutor,
+) -> None:
+    await add_fault(sandbox.url, {"kind": "drop_after_apply", "idempotencyKey": "k-ro", "times": 1})
+    call = await submit_call(sessions, registry, "lookup", {"orderId": "o-9"}, key="k-ro")
+    assert await make_executor().execute(call) is S.COMPLETED
+    assert (await books(sandbox.url))["received"] == {"k-ro": 2}
+
+
+async def test_a_duplicate_command_is_dropped_by_the_call_state(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    make_executor: MakeExecutor,
+) -> None:
+    call = await submit_call(sessions, registry, "refund", {"n": 2}, key="k-dup")
+    executor = make_executor()
+    assert await executor.execute(call) is S.COMPLETED
+    assert await executor.execute(call) is None
+    assert await make_executor("worker-b").execute(call) is None
+    assert (await books(sandbox.url))["received"] == {"k-dup": 1}

@@ -1,0 +1,115 @@
+"""Provider credentials are added at send time and never stored or logged; every
+request carries the call's stable Idempotency-Key and a traceparent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dispatcher.provider.client import ProviderClient
+from dispatcher.settings import DEFAULT_TOPICS
+from dispatcher.states import ExecutionStatus as S
+from dispatcher.testing.registries import capability, registry_of
+from dispatcher.worker.executor import Executor
+from tests.fixtures.calls import submit_call
+
+pytestmark = pytest.mark.postgres
+
+SECRET = "sk_live_do-not-leak-4f1c2e"
+
+
+class RecordingProvider:
+    """A real HTTP/1.1 server that remembers the headers it was sent."""
+
+    def __init__(self) -> None:
+        self.headers: list[dict[str, str]] = []
+        self._server: asyncio.Server | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> RecordingProvider:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        headers = dict(
+            (k.strip().lower(), v.strip())
+            for k, _, v in (line.partition(":") for line in head.split("\r\n")[1:] if line)
+        )
+        await reader.readexactly(int(headers.get("content-length", "0")))
+        self.headers.append(headers)
+        body = json.dumps(
+            {"externalRequestId": "ext-1", "status": "succeeded", "result": {"ok": True}}
+        ).encode()
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n"
+            b"connection: close\r\n\r\n" + body
+        )
+        await writer.drain()
+        writer.close()
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[RecordingProvider]:
+    async with RecordingProvider() as server:
+        yield server
+
+
+async def test_secret_is_sent_but_never_stored_or_logged(
+    sessions: async_sessionmaker[AsyncSession],
+    provider: RecordingProvider,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    registry = registry_of(capability("refund", provider.url))
+    call = await submit_call(sessions, registry, "refund", {"orderId": "o-1"}, key="refund:o-1")
+    async with httpx.AsyncClient() as http:
+        executor = Executor(
+            sessions,
+            registry,
+            ProviderClient(http, {"refund": SECRET}),
+            worker_id="w",
+            topics=DEFAULT_TOPICS,
+        )
+        assert await executor.execute(call) is S.COMPLETED
+
+    [sent] = provider.headers
+    assert sent["authorization"] == f"Bearer {SECRET}"
+    assert sent["idempotency-key"] == "refund:o-1"
+    assert sent["traceparent"].startswith("00-") and len(sent["traceparent"]) == 55
+
+    async with sessions() as session:
+        tables = (
+            (
+                await session.execute(
+                    text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+                )
+            )
+            .scalars()
+            .all()
+        )
+        assert {"tool_calls", "execution_events", "outbox"} <= set(tables)
+        for table in tables:
+            dump = (
+                await session.execute(
+                    text(f"SELECT coalesce(string_agg(t::text, '\n'), '') FROM \"{table}\" t")
+                )
+            ).scalar_one()
+            assert SECRET not in dump, table
+    assert caplog.records, "logging was captured"
+    assert SECRET not in caplog.text
