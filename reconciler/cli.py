@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,7 +20,7 @@ from prometheus_client import start_http_server
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.cli.parsing import require_registry
+from dispatcher.cli.parsing import fail, require_registry
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.db.errors import DbErrorClass, classify
 from dispatcher.provider.contract import pool as provider_pool
@@ -36,15 +35,10 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def _fail(message: str, code: int) -> int:
-    print(f"tool-dispatcher: error: {message}", file=sys.stderr)
-    return code
-
-
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """Run the reconciler once or until a signal."""
     if settings.database_url is None:
-        return _fail("TOOL_DISPATCHER_DATABASE_URL is not set", 2)
+        fail("TOOL_DISPATCHER_DATABASE_URL is not set", 2)
     registry = require_registry(settings)
     try:
         # uvloop: the lookups are CPU-bound in the HTTP client; it measurably helps.
@@ -52,7 +46,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     except Exception as exc:
         if classify(exc) is not DbErrorClass.UNAVAILABLE:
             raise
-        return _fail(f"cannot reach the database: {type(exc).__name__}", 1)
+        fail(f"cannot reach the database: {type(exc).__name__}", 1)
 
 
 @asynccontextmanager

@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import sys
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.cli.parsing import OneLineArgumentParser
+from dispatcher.cli.parsing import OneLineArgumentParser, fail
 from dispatcher.control.approvals import expire_due
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.db.errors import DbErrorClass, classify
@@ -38,23 +37,18 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def _fail(message: str, code: int = 2) -> int:
-    print(f"tool-dispatcher: error: {message}", file=sys.stderr)
-    return code
-
-
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """Run one ``approvals`` subcommand."""
     if settings.database_url is None:
-        return _fail("TOOL_DISPATCHER_DATABASE_URL is not set")
+        fail("TOOL_DISPATCHER_DATABASE_URL is not set")
     if args.interval <= 0 or args.batch < 1:
-        return _fail("--interval must be positive and --batch at least 1")
+        fail("--interval must be positive and --batch at least 1")
     try:
         return asyncio.run(_run(args, settings))
     except Exception as exc:
         if classify(exc) is not DbErrorClass.UNAVAILABLE:
             raise
-        return _fail(f"cannot reach the database: {type(exc).__name__}", 1)
+        fail(f"cannot reach the database: {type(exc).__name__}", 1)
     except KeyboardInterrupt:
         return 0
 

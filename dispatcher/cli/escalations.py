@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from typing import Any
 
-from dispatcher.cli.parsing import OneLineArgumentParser
+from dispatcher.cli.parsing import OneLineArgumentParser, fail
 from dispatcher.control import escalations
 from dispatcher.control.actor import Actor
 from dispatcher.db.engine import create_engine, session_factory
@@ -48,27 +47,22 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def _fail(message: str, code: int = 2) -> int:
-    print(f"tool-dispatcher: error: {message}", file=sys.stderr)
-    return code
-
-
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """Run one ``escalations`` subcommand."""
     if settings.database_url is None:
-        return _fail("TOOL_DISPATCHER_DATABASE_URL is not set")
+        fail("TOOL_DISPATCHER_DATABASE_URL is not set")
     if args.escalations_command == "resolve" and not args.reason.strip():
-        return _fail("--reason must not be empty")
+        fail("--reason must not be empty")
     try:
         return asyncio.run(_run(args, settings))
     except EscalationAlreadyResolved as exc:
-        return _fail(exc.detail, 1)
+        fail(exc.detail, 1)
     except DispatcherError as exc:
-        return _fail(exc.detail)
+        fail(exc.detail)
     except Exception as exc:
         if classify(exc) is not DbErrorClass.UNAVAILABLE:
             raise
-        return _fail(f"cannot reach the database: {type(exc).__name__}", 1)
+        fail(f"cannot reach the database: {type(exc).__name__}", 1)
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
