@@ -38,7 +38,8 @@ class _View(BaseModel):
 ID_PATTERN = r"^[!-.0-~]+$"
 ID_MAX_LENGTH = 200
 KEY_MAX_LENGTH = 255
-_ID_CHARS = re.compile(ID_PATTERN)
+# fullmatch: Python's "$" also matches before a final newline.
+_ID_CHARS = re.compile(r"[!-.0-~]+")
 
 
 def check_identifier(value: str, max_length: int = ID_MAX_LENGTH) -> str:
@@ -49,7 +50,7 @@ def check_identifier(value: str, max_length: int = ID_MAX_LENGTH) -> str:
             "must be 1 to {max_length} characters long",
             {"max_length": max_length},
         )
-    if _ID_CHARS.match(value) is None or value in (".", ".."):
+    if _ID_CHARS.fullmatch(value) is None or value in (".", ".."):
         raise PydanticCustomError(
             "identifier_chars",
             'must be printable ASCII (0x21-0x7E) without "/", and not "." or ".."',
@@ -103,7 +104,7 @@ def unstorable(value: Any, path: str = "input", depth: int = 0) -> tuple[str, st
         return None if math.isfinite(value) else (path, "a number is not finite")
     if isinstance(value, Mapping):
         for key, item in value.items():
-            name = f"{path}.{key}" if _PLAIN_KEY.match(key) else f"{path}[{json.dumps(key)}]"
+            name = f"{path}.{key}" if _PLAIN_KEY.fullmatch(key) else f"{path}[{json.dumps(key)}]"
             if "\x00" in key:
                 return name, "a key holds a NUL character"
             found = unstorable(item, name, depth + 1)
@@ -117,7 +118,7 @@ def unstorable(value: Any, path: str = "input", depth: int = 0) -> tuple[str, st
     return None
 
 
-_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 class SubmitRequest(BaseModel):
