@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from dispatcher.errors import CapabilityNotFound, ValidationFailed
@@ -98,6 +98,16 @@ class Capability(_Model):
     retry: RetryPolicy = RetryPolicy()
     reconcile: ReconcilePolicy = ReconcilePolicy()
 
+    @field_validator("idempotency_key_template")
+    @classmethod
+    def _template_text_keeps_the_contract(cls, template: str | None) -> str | None:
+        # Values are encoded when a key is rendered, the template's own text is not: text
+        # outside the identifier contract would make every call of the capability a 400,
+        # so the registry refuses to load instead.
+        if template is not None and not _KEY_TEXT.fullmatch(_PLACEHOLDER.sub("", template)):
+            raise ValueError('the text of a key template must be printable ASCII without "/"')
+        return template
+
 
 class CapabilityRegistry:
     """Capabilities by id."""
@@ -136,6 +146,7 @@ def load_registry(path: Path) -> CapabilityRegistry:
     return CapabilityRegistry(by_id)
 
 
+_KEY_TEXT = re.compile(r"[!-.0-~]*")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_-]+)*)\}")
 
 

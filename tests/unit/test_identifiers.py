@@ -4,10 +4,12 @@ input check (``dispatcher.schemas.unstorable``) on their own."""
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
 
 from dispatcher.capabilities import render_key_template
 from dispatcher.schemas import MAX_INPUT_DEPTH, check_identifier, unstorable
+from dispatcher.testing.registries import capability
 
 PRINTABLE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "/")
 
@@ -61,3 +63,9 @@ def test_depth_is_bounded() -> None:
     assert unstorable(deep) is None
     assert unstorable([deep]) is not None
     assert unstorable({"s": "ok", "n": 10**400, "f": 1.5, "b": True, "z": None}) is None
+
+
+@pytest.mark.parametrize("template", ["refund {input.orderId}", "a/{runId}", "ключ:{runId}"])
+def test_a_template_whose_own_text_breaks_the_contract_is_refused(template: str) -> None:
+    with pytest.raises(ValidationError, match="key template"):
+        capability("keyed", idempotencyKeyTemplate=template)
