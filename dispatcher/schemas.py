@@ -58,6 +58,17 @@ def check_identifier(value: str, max_length: int = ID_MAX_LENGTH) -> str:
     return value
 
 
+def id_schema(max_length: int) -> dict[str, Any]:
+    """The contract as JSON Schema, for the OpenAPI document (check_identifier is what
+    enforces it, with a message that says what an id may hold)."""
+    return {
+        "pattern": ID_PATTERN,
+        "minLength": 1,
+        "maxLength": max_length,
+        "not": {"enum": [".", ".."]},
+    }
+
+
 def _check_key(value: str) -> str:
     return check_identifier(value, KEY_MAX_LENGTH)
 
@@ -65,7 +76,7 @@ def _check_key(value: str) -> str:
 Identifier = Annotated[
     str,
     AfterValidator(check_identifier),
-    Field(json_schema_extra={"pattern": ID_PATTERN, "minLength": 1, "maxLength": ID_MAX_LENGTH}),
+    Field(json_schema_extra=id_schema(ID_MAX_LENGTH)),
 ]
 """A toolCallId, runId, turnId, correlationId, causationId, reasoningObjectId,
 approvalId, escalationId or event id."""
@@ -73,7 +84,7 @@ approvalId, escalationId or event id."""
 IdempotencyKey = Annotated[
     str,
     AfterValidator(_check_key),
-    Field(json_schema_extra={"pattern": ID_PATTERN, "minLength": 1, "maxLength": KEY_MAX_LENGTH}),
+    Field(json_schema_extra=id_schema(KEY_MAX_LENGTH)),
 ]
 """An idempotency key: an identifier of up to 255 characters."""
 

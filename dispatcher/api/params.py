@@ -10,11 +10,9 @@ from typing import Annotated
 from fastapi import Path, Query
 from pydantic import AfterValidator
 
-from dispatcher.schemas import ID_MAX_LENGTH, ID_PATTERN, check_identifier
+from dispatcher.schemas import ID_MAX_LENGTH, check_identifier, id_schema
 
-# The bounds are only declared for the OpenAPI document: check_identifier enforces
-# them, with a message that says what an id may hold.
-_DOC = {"pattern": ID_PATTERN, "minLength": 1, "maxLength": ID_MAX_LENGTH}
+_DOC = id_schema(ID_MAX_LENGTH)
 
 
 def _check_cursor(value: str | None) -> str | None:
