@@ -9,8 +9,9 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from dispatcher.errors import CapabilityNotFound, ValidationFailed
@@ -97,6 +98,16 @@ class Capability(_Model):
     retry: RetryPolicy = RetryPolicy()
     reconcile: ReconcilePolicy = ReconcilePolicy()
 
+    @field_validator("idempotency_key_template")
+    @classmethod
+    def _template_text_keeps_the_contract(cls, template: str | None) -> str | None:
+        # Values are encoded when a key is rendered, the template's own text is not: text
+        # outside the identifier contract would make every call of the capability a 400,
+        # so the registry refuses to load instead.
+        if template is not None and not _KEY_TEXT.fullmatch(_PLACEHOLDER.sub("", template)):
+            raise ValueError('the text of a key template must be printable ASCII without "/"')
+        return template
+
 
 class CapabilityRegistry:
     """Capabilities by id."""
@@ -135,12 +146,23 @@ def load_registry(path: Path) -> CapabilityRegistry:
     return CapabilityRegistry(by_id)
 
 
+_KEY_TEXT = re.compile(r"[!-.0-~]*")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_-]+)*)\}")
+
+
+# What a substituted value keeps unencoded: printable ASCII less "/" (the identifier
+# contract) and "%" (so that an encoded value and a literal one never yield one key).
+_KEY_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in "/%")
 
 
 def render_key_template(template: str, context: Mapping[str, Any]) -> str:
     """Fill ``{name}`` / ``{input.field}`` placeholders; a missing value is a 400, because
-    silently keying on an empty string would merge unrelated requests."""
+    silently keying on an empty string would merge unrelated requests.
+
+    Each value is percent-encoded (UTF-8): the key travels in the provider's
+    Idempotency-Key header, which carries printable ASCII only, and the same value
+    always yields the same key. A value that already keeps the identifier contract
+    (and holds no "%") is substituted unchanged, so such keys are what they were."""
 
     def lookup(match: re.Match[str]) -> str:
         value: Any = context
@@ -153,6 +175,6 @@ def render_key_template(template: str, context: Mapping[str, Any]) -> str:
             value = value[part]
         if isinstance(value, dict | list):
             raise ValidationFailed(f"{match.group(1)!r} must be a scalar to key on")
-        return str(value)
+        return quote(str(value), safe=_KEY_SAFE)
 
     return _PLACEHOLDER.sub(lookup, template)

@@ -7,14 +7,18 @@ an agent runtime that only submits calls must not load SQLAlchemy or psycopg.
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from dispatcher.states import ApprovalStatus, EscalationStatus
 
@@ -23,7 +27,109 @@ class _View(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
 
 
-_Id = Field(default=None, min_length=1, max_length=200)
+# The identifier contract: every id a client names, in a body, a path or a query.
+# Printable ASCII without "/" (0x21-0x7E less 0x2F), because an id travels in URL paths
+# (a "/" there, even as %2F, is decoded into a separator before routing, so the id
+# could never be read again), in the provider's Idempotency-Key header (which carries
+# ASCII only, and where CR/LF would split the header) and in the Location of a 201.
+# No space: servers and proxies strip it at the edges of header values, so a key
+# ending in a space would reach the provider as another key. "." and ".." are refused
+# too: clients normalise them away as URL path segments.
+ID_PATTERN = r"^[!-.0-~]+$"
+ID_MAX_LENGTH = 200
+KEY_MAX_LENGTH = 255
+# fullmatch: Python's "$" also matches before a final newline.
+_ID_CHARS = re.compile(r"[!-.0-~]+")
+
+
+def check_identifier(value: str, max_length: int = ID_MAX_LENGTH) -> str:
+    """``value`` if it keeps the identifier contract, else a pydantic error saying why."""
+    if not 1 <= len(value) <= max_length:
+        raise PydanticCustomError(
+            "identifier_length",
+            "must be 1 to {max_length} characters long",
+            {"max_length": max_length},
+        )
+    if _ID_CHARS.fullmatch(value) is None or value in (".", ".."):
+        raise PydanticCustomError(
+            "identifier_chars",
+            'must be printable ASCII (0x21-0x7E) without "/", and not "." or ".."',
+        )
+    return value
+
+
+def id_schema(max_length: int) -> dict[str, Any]:
+    """The contract as JSON Schema, for the OpenAPI document (check_identifier is what
+    enforces it, with a message that says what an id may hold)."""
+    return {
+        "pattern": ID_PATTERN,
+        "minLength": 1,
+        "maxLength": max_length,
+        "not": {"enum": [".", ".."]},
+    }
+
+
+def _check_key(value: str) -> str:
+    return check_identifier(value, KEY_MAX_LENGTH)
+
+
+Identifier = Annotated[
+    str,
+    AfterValidator(check_identifier),
+    Field(json_schema_extra=id_schema(ID_MAX_LENGTH)),
+]
+"""A toolCallId, runId, turnId, correlationId, causationId, reasoningObjectId,
+approvalId, escalationId or event id."""
+
+IdempotencyKey = Annotated[
+    str,
+    AfterValidator(_check_key),
+    Field(json_schema_extra=id_schema(KEY_MAX_LENGTH)),
+]
+"""An idempotency key: an identifier of up to 255 characters."""
+
+
+def _check_text(value: str) -> str:
+    if "\x00" in value:
+        raise PydanticCustomError("nul_character", "must not contain a NUL character")
+    return value
+
+
+StorableText = Annotated[str, AfterValidator(_check_text)]
+"""Free text (a reason): PostgreSQL text cannot hold a NUL character."""
+
+# Deeper input is refused: nothing a tool needs is nested this deep, and each level
+# costs stack in the JSON encoder, the database and the provider.
+MAX_INPUT_DEPTH = 32
+
+
+def unstorable(value: Any, path: str = "input", depth: int = 0) -> tuple[str, str] | None:
+    """The JSON path and the fault of the first value in ``value`` that PostgreSQL's
+    jsonb cannot store or a provider's JSON parser would refuse (a NUL in a string or a
+    key, a NaN or infinite number, nesting deeper than :data:`MAX_INPUT_DEPTH`)."""
+    if depth > MAX_INPUT_DEPTH:
+        return path, f"nested deeper than {MAX_INPUT_DEPTH} levels"
+    if isinstance(value, str):
+        return (path, "a string holds a NUL character") if "\x00" in value else None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, "a number is not finite")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            name = f"{path}.{key}" if _PLAIN_KEY.fullmatch(key) else f"{path}[{json.dumps(key)}]"
+            if "\x00" in key:
+                return name, "a key holds a NUL character"
+            found = unstorable(item, name, depth + 1)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for n, item in enumerate(value):
+            found = unstorable(item, f"{path}[{n}]", depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 class SubmitRequest(BaseModel):
@@ -33,15 +139,26 @@ class SubmitRequest(BaseModel):
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
     )
 
-    run_id: str = Field(min_length=1, max_length=200)
+    run_id: Identifier
     capability_id: str = Field(min_length=1, max_length=200)
     input: dict[str, Any]
-    tool_call_id: str | None = _Id
-    turn_id: str | None = _Id
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
-    correlation_id: str | None = _Id
-    causation_id: str | None = _Id
-    reasoning_object_id: str | None = _Id
+    tool_call_id: Identifier | None = None
+    turn_id: Identifier | None = None
+    idempotency_key: IdempotencyKey | None = None
+    correlation_id: Identifier | None = None
+    causation_id: Identifier | None = None
+    reasoning_object_id: Identifier | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _storable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        found = unstorable(value)
+        if found is not None:
+            # The JSON path goes into the context: the API names it as the field.
+            raise PydanticCustomError(
+                "unstorable_value", "{path}: {fault}", {"path": found[0], "fault": found[1]}
+            )
+        return value
 
 
 class RetryRequest(BaseModel):
@@ -51,7 +168,7 @@ class RetryRequest(BaseModel):
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
     )
 
-    reason: str = Field(min_length=1, max_length=2000)
+    reason: StorableText = Field(min_length=1, max_length=2000)
     # A new key makes the provider treat the retry as a new request: only for a call
     # whose first request certainly had no effect, the operator's judgement.
     new_idempotency_key: bool = False
@@ -62,7 +179,7 @@ class StopRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    reason: str = Field(default="", max_length=2000)
+    reason: StorableText = Field(default="", max_length=2000)
 
 
 class DecisionRequest(BaseModel):
@@ -71,7 +188,7 @@ class DecisionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     decision: Literal["approve", "reject"]
-    reason: str = Field(default="", max_length=2000)
+    reason: StorableText = Field(default="", max_length=2000)
 
 
 class ToolCallView(_View):
@@ -186,7 +303,7 @@ class ResolveRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     finding: Finding
-    reason: str = Field(min_length=1, max_length=2000)
+    reason: StorableText = Field(min_length=1, max_length=2000)
 
 
 class EscalationView(_View):

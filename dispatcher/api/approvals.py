@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from dispatcher.api.bodies import json_response, model_response, parse_body
 from dispatcher.api.deps import Approver, AppSettings, Reader, Registry, Sessions
+from dispatcher.api.params import ApprovalIdPath
 from dispatcher.control import approvals
 from dispatcher.schemas import DecisionRequest
 from dispatcher.states import ApprovalStatus
@@ -33,7 +34,7 @@ async def list_approvals(
 
 @router.post("/v1/approvals/{approval_id}/decision")
 async def decide(
-    approval_id: str,
+    approval_id: ApprovalIdPath,
     request: Request,
     caller: Approver,
     sessions: Sessions,

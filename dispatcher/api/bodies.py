@@ -19,13 +19,15 @@ def parse_body(model: type[M], raw: bytes, what: str) -> M:
     try:
         return model.model_validate_json(raw or b"{}")
     except ValidationError as exc:
-        raise ValidationFailed(
-            f"the {what} is not valid",
-            errors=[
-                {"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
-                for e in exc.errors(include_url=False, include_input=False)
-            ],
-        ) from None
+        errors = [
+            {"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
+            for e in exc.errors(include_url=False, include_input=False)
+        ]
+        # ``field`` names the first fault: a field by its wire name, or inside
+        # ``input`` the JSON path of the value that cannot be stored.
+        first = exc.errors(include_url=False, include_input=False)[0]
+        field = (first.get("ctx") or {}).get("path") or ".".join(str(p) for p in first["loc"])
+        raise ValidationFailed(f"the {what} is not valid", field=field, errors=errors) from None
 
 
 def json_response(body: str, status: int = 200, headers: dict[str, str] | None = None) -> Response:

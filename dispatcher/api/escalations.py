@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from dispatcher.api.bodies import json_response, model_response, parse_body
 from dispatcher.api.deps import AppSettings, Operator, Reader, Sessions
+from dispatcher.api.params import EscalationIdPath
 from dispatcher.control import escalations
 from dispatcher.schemas import ResolveRequest
 from dispatcher.states import EscalationStatus
@@ -34,7 +35,7 @@ async def list_escalations(
 
 @router.post("/v1/escalations/{escalation_id}/acknowledge")
 async def acknowledge(
-    escalation_id: str, caller: Operator, sessions: Sessions, settings: AppSettings
+    escalation_id: EscalationIdPath, caller: Operator, sessions: Sessions, settings: AppSettings
 ) -> Response:
     async with sessions() as session, session.begin():
         view = await escalations.acknowledge(
@@ -49,7 +50,7 @@ async def acknowledge(
 
 @router.post("/v1/escalations/{escalation_id}/resolve")
 async def resolve(
-    escalation_id: str,
+    escalation_id: EscalationIdPath,
     request: Request,
     caller: Operator,
     sessions: Sessions,

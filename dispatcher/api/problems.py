@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic.alias_generators import to_camel
 from sqlalchemy import exc as sa
 from starlette.exceptions import HTTPException
 
@@ -88,9 +89,13 @@ def install(app: FastAPI) -> None:
             }
             for err in exc.errors()
         ]
-        return answer(
-            ValidationFailed("the request body or parameters are not valid", errors=errors)
-        )
+        # A path or query parameter is named as the client spells it ("toolCallId"),
+        # not by the handler's argument.
+        loc = errors[0]["loc"] if errors else []
+        field = to_camel(loc[-1]) if loc else ""
+        where = {"path": "path parameter", "query": "query parameter"}.get(loc[0] if loc else "")
+        detail = f"the {where} {field} is not valid" if where else "the request is not valid"
+        return answer(ValidationFailed(detail, field=field, errors=errors))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:

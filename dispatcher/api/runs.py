@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from dispatcher.api.bodies import json_response, model_response, parse_body
 from dispatcher.api.deps import AppSettings, Operator, Reader, Registry, Sessions
+from dispatcher.api.params import EventCursor, RunIdPath
 from dispatcher.control import runs
 from dispatcher.schemas import StopRequest
 from dispatcher.views.run_view import load_run_view, run_events
@@ -18,7 +19,7 @@ router = APIRouter()
 
 
 @router.get("/v1/runs/{run_id}")
-async def run_view(run_id: str, caller: Reader, sessions: Sessions) -> Response:
+async def run_view(run_id: RunIdPath, caller: Reader, sessions: Sessions) -> Response:
     async with sessions() as session:
         view = await load_run_view(session, caller.tenant, run_id)
     return model_response(view)
@@ -26,10 +27,10 @@ async def run_view(run_id: str, caller: Reader, sessions: Sessions) -> Response:
 
 @router.get("/v1/runs/{run_id}/events")
 async def run_event_log(
-    run_id: str,
+    run_id: RunIdPath,
     caller: Reader,
     sessions: Sessions,
-    after: Annotated[str | None, Query(description="return events after this eventId")] = None,
+    after: EventCursor = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> Response:
     async with sessions() as session:
@@ -40,7 +41,7 @@ async def run_event_log(
 
 @router.post("/v1/runs/{run_id}/stop")
 async def stop(
-    run_id: str,
+    run_id: RunIdPath,
     request: Request,
     caller: Operator,
     sessions: Sessions,

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Annotated
+from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request, Response
 
 from dispatcher.api.bodies import json_response, model_response, parse_body
 from dispatcher.api.deps import AppSettings, Batcher, Operator, Reader, Sessions, Submitter
+from dispatcher.api.params import ToolCallIdPath
 from dispatcher.control import retry as control
 from dispatcher.errors import ToolCallNotFound
 from dispatcher.metrics import INTAKE_SUBMISSIONS
@@ -34,13 +36,15 @@ async def submit_tool_call(request: Request, caller: Submitter, batcher: Batcher
     return json_response(
         view.model_dump_json(by_alias=True),
         status=201 if submission.created else 200,
-        headers={"Location": f"/v1/tool-calls/{view.tool_call_id}"},
+        # Ids keep the identifier contract, but "?", "#" and "%" are legal in them and
+        # mean something else in a URL: the segment is always encoded.
+        headers={"Location": f"/v1/tool-calls/{quote(view.tool_call_id, safe='')}"},
     )
 
 
 @router.get("/v1/tool-calls/{tool_call_id}")
 async def get_tool_call(
-    tool_call_id: str,
+    tool_call_id: ToolCallIdPath,
     caller: Reader,
     sessions: Sessions,
     wait_seconds: Annotated[
@@ -71,7 +75,11 @@ async def get_tool_call(
 
 @router.post("/v1/tool-calls/{tool_call_id}/retry")
 async def retry(
-    tool_call_id: str, request: Request, caller: Operator, sessions: Sessions, settings: AppSettings
+    tool_call_id: ToolCallIdPath,
+    request: Request,
+    caller: Operator,
+    sessions: Sessions,
+    settings: AppSettings,
 ) -> Response:
     body = parse_body(RetryRequest, await request.body(), "retry request")
     async with sessions() as session, session.begin():

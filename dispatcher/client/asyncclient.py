@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from typing import Any, Literal
+from urllib.parse import quote
 
 import httpx
 
@@ -14,6 +15,12 @@ from dispatcher.states import SETTLED_STATES
 # The server holds one long-poll at most this long (dispatcher.api.tool_calls.MAX_WAIT_SECONDS);
 # a longer wait is several polls in a row.
 POLL_SECONDS = 20.0
+
+
+def _segment(value: str) -> str:
+    # An id may hold "?", "#" or "%" (printable ASCII without "/"): as a path segment
+    # it is encoded, or the URL would end, or mean another id, where the id goes on.
+    return quote(value, safe="")
 
 
 class DispatcherClient:
@@ -65,7 +72,7 @@ class DispatcherClient:
         )
 
     async def get(self, tool_call_id: str) -> ToolCallView:
-        response = await self._request("GET", f"/v1/tool-calls/{tool_call_id}")
+        response = await self._request("GET", f"/v1/tool-calls/{_segment(tool_call_id)}")
         return ToolCallView.model_validate_json(response.content)
 
     async def wait(self, tool_call_id: str, *, within: float) -> ToolCallView:
@@ -77,7 +84,7 @@ class DispatcherClient:
             hold = min(max(deadline - time.monotonic(), 0.0), POLL_SECONDS)
             response = await self._request(
                 "GET",
-                f"/v1/tool-calls/{tool_call_id}",
+                f"/v1/tool-calls/{_segment(tool_call_id)}",
                 params={"waitSeconds": f"{hold:.3f}"},
                 read_for=hold + self._timeout,
             )
@@ -95,7 +102,9 @@ class DispatcherClient:
 
     async def stop_run(self, run_id: str, reason: str = "") -> StopResult:
         """Stop a run: calls not yet dispatched are cancelled, new ones refused."""
-        response = await self._request("POST", f"/v1/runs/{run_id}/stop", json={"reason": reason})
+        response = await self._request(
+            "POST", f"/v1/runs/{_segment(run_id)}/stop", json={"reason": reason}
+        )
         return StopResult.model_validate_json(response.content)
 
     async def retry(
@@ -104,7 +113,7 @@ class DispatcherClient:
         """Run a ``failed`` or ``escalated`` call again (an operator's command)."""
         response = await self._request(
             "POST",
-            f"/v1/tool-calls/{tool_call_id}/retry",
+            f"/v1/tool-calls/{_segment(tool_call_id)}/retry",
             json={"reason": reason, "newIdempotencyKey": new_idempotency_key},
         )
         return ToolCallView.model_validate_json(response.content)
@@ -114,7 +123,7 @@ class DispatcherClient:
     ) -> ApprovalView:
         response = await self._request(
             "POST",
-            f"/v1/approvals/{approval_id}/decision",
+            f"/v1/approvals/{_segment(approval_id)}/decision",
             json={"decision": decision, "reason": reason},
         )
         return ApprovalView.model_validate_json(response.content)

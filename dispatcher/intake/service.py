@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pydantic_core import PydanticCustomError
 from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -36,7 +37,13 @@ from dispatcher.intake.keys import default_key, fingerprint
 from dispatcher.intake.statement import write_intake
 from dispatcher.ledger.events import CallContext, EventType, event_message, event_row
 from dispatcher.ledger.messages import DispatchCommand, Producer
-from dispatcher.schemas import Submission, SubmitRequest, ToolCallView
+from dispatcher.schemas import (
+    KEY_MAX_LENGTH,
+    Submission,
+    SubmitRequest,
+    ToolCallView,
+    check_identifier,
+)
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus
 
@@ -169,8 +176,8 @@ def _prepare(
     key = request.idempotency_key or default_key(
         request, tool_call_id, capability.idempotency_key_template
     )
-    if len(key) > 255:
-        raise ValidationFailed("the derived idempotency key is longer than 255 characters")
+    if request.idempotency_key is None:
+        _check_derived_key(key)
     status = (
         ExecutionStatus.PROPOSED if capability.requires_approval else ExecutionStatus.AUTHORIZED
     )
@@ -194,6 +201,19 @@ def _prepare(
             "reasoning_object_id": request.reasoning_object_id,
         },
     )
+
+
+def _check_derived_key(key: str) -> None:
+    """A key rendered from a template keeps the contract a given key is held to: its
+    values are encoded, but it may grow past the bound, and the template's own text
+    comes from the registry."""
+    try:
+        check_identifier(key, KEY_MAX_LENGTH)
+    except PydanticCustomError as exc:
+        raise ValidationFailed(
+            f"the idempotency key derived from the capability's template {exc.message()}",
+            field="idempotencyKey",
+        ) from None
 
 
 def _plan_created(

@@ -92,6 +92,16 @@ async def test_submit_with_own_tool_call_id_is_idempotent(client: DispatcherClie
     assert (await client.get("run-1.toolu_01")).status == "authorized"
 
 
+async def test_every_id_the_contract_allows_is_reachable(client: DispatcherClient) -> None:
+    # "?", "#" and "%" are legal in ids; the client encodes them as path segments.
+    tool_call_id = "tc?#%41x"
+    await client.submit(send(tool_call_id, run_id="run?#%"))
+
+    assert (await client.get(tool_call_id)).tool_call_id == tool_call_id
+    with pytest.raises(ToolCallNotFound):
+        await client.get("tc?")
+
+
 async def test_wait_returns_the_recorded_outcome_once_settled(
     client: DispatcherClient, executor: Executor, sandbox: SandboxServer, engine: AsyncEngine
 ) -> None:

@@ -278,6 +278,31 @@ async def test_explicit_idempotency_key_wins_over_the_template(
     assert no_template.view.idempotency_key == "k-2"
 
 
+async def test_a_template_key_percent_encodes_each_value(
+    sessions: Sessions, registry: CapabilityRegistry
+) -> None:
+    # The key goes to the provider in a header, which carries ASCII only.
+    first = await _submit(sessions, registry, refund(order_id="ключ 1/2"))
+    again = await _submit(sessions, registry, refund(order_id="ключ 1/2"))
+    plain = await _submit(sessions, registry, refund(order_id="o-7:x"))
+
+    encoded = "refund:%D0%BA%D0%BB%D1%8E%D1%87%201%2F2:corr-1"
+    assert first.view.idempotency_key == encoded
+    assert (again.created, again.view.tool_call_id) == (False, first.view.tool_call_id)
+    # A value that keeps the identifier contract is substituted as it is.
+    assert plain.view.idempotency_key == "refund:o-7:x:corr-1"
+
+
+async def test_a_template_key_past_255_characters_is_refused_naming_the_key(
+    engine: AsyncEngine, sessions: Sessions, registry: CapabilityRegistry
+) -> None:
+    # 60 characters that encode to 6 each: 360, past the bound once encoded.
+    with pytest.raises(ValidationFailed) as info:
+        await _submit(sessions, registry, refund(order_id="ключ" * 15))
+    assert info.value.extra["field"] == "idempotencyKey"
+    await _assert_nothing_recorded(engine)
+
+
 async def test_capability_without_template_is_keyed_by_its_tool_call_id(
     sessions: Sessions, registry: CapabilityRegistry
 ) -> None:

@@ -1,0 +1,47 @@
+"""A key derived from a template over non-ASCII input reaches the provider: the worker
+sends it percent-encoded, and the call completes."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.provider.client import ProviderClient
+from dispatcher.settings import DEFAULT_TOPICS
+from dispatcher.states import ExecutionStatus as S
+from dispatcher.testing.registries import capability, registry_of
+from dispatcher.testing.sandbox import SandboxServer
+from dispatcher.worker.executor import Executor
+from tests.fixtures.calls import submit_call
+from tests.fixtures.rows import call_row
+from tests.fixtures.sandbox import books
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def registry(sandbox: SandboxServer) -> CapabilityRegistry:
+    return registry_of(
+        capability("refund", sandbox.url, idempotencyKeyTemplate="refund:{input.orderId}")
+    )
+
+
+async def test_a_non_ascii_template_value_is_sent_percent_encoded(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+) -> None:
+    call = await submit_call(sessions, registry, "refund", {"orderId": "ключ"})
+    executor = Executor(
+        sessions, registry, ProviderClient(http), worker_id="worker-a", topics=DEFAULT_TOPICS
+    )
+
+    assert await executor.execute(call) is S.COMPLETED
+
+    key = "refund:%D0%BA%D0%BB%D1%8E%D1%87"
+    row = await call_row(sessions, call)
+    assert (row["idempotency_key"], row["status"]) == (key, "completed")
+    assert (await books(sandbox.url))["effects"] == {key: 1}
