@@ -33,10 +33,9 @@ from dispatcher.errors import (
 JSON = "application/json"
 _SCHEMAS = "#/components/schemas/"
 
-# Statuses answered by limits whose error classes live apart from this module's
-# imports; each is declared by its status and the code it carries.
+# The submission rate limit and the long-poll cap (issue 13's limits, another branch:
+# their RateLimited can replace this once merged), declared by status and code.
 TOO_MANY_REQUESTS = (429, "rate_limited", "Too many requests: wait for Retry-After")
-REQUEST_TIMEOUT = (408, "request_timeout", "The request body did not arrive in time")
 # A path whose id the router cannot take (an encoded ``/``) reaches no route.
 NOT_ROUTED = (404, "not_found", "Not found")
 Extra = tuple[int, str, str]
