@@ -327,3 +327,22 @@ class EscalationView(_View):
     @classmethod
     def of(cls, row: Mapping[Any, Any]) -> EscalationView:
         return cls.model_validate({name: row[name] for name in cls.model_fields})
+
+
+class EventLog(_View):
+    """The answer of ``GET /v1/runs/{runId}/events``."""
+
+    run_id: str
+    events: list[EventView]
+
+
+class ApprovalList(_View):
+    """The answer of ``GET /v1/approvals``."""
+
+    approvals: list[ApprovalView]
+
+
+class EscalationList(_View):
+    """The answer of ``GET /v1/escalations``."""
+
+    escalations: list[EscalationView]

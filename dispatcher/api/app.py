@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import ASGIApp
 
-from dispatcher.api import approvals, escalations, health, problems, runs, tool_calls
+from dispatcher.api import approvals, escalations, health, openapi, problems, runs, tool_calls
 from dispatcher.api.auth import ApiKeyAuth
 from dispatcher.api.middleware import BodyLimit, RequestTiming
 from dispatcher.capabilities import CapabilityRegistry
@@ -47,6 +47,7 @@ def create_app(
     app.state.settings, app.state.registry = settings, registry
     app.state.auth = ApiKeyAuth(settings.api_keys)
     problems.install(app)
+    openapi.install(app)
     for resource in (tool_calls, runs, approvals, escalations, health):
         app.include_router(resource.router)
     return RequestTiming(BodyLimit(app, settings.max_body_bytes))

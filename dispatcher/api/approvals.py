@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from dispatcher.api.bodies import json_response, model_response, parse_body
+from dispatcher.api.bodies import model_response, parse_body
 from dispatcher.api.deps import Approver, AppSettings, Reader, Registry, Sessions
+from dispatcher.api.openapi import documented
 from dispatcher.api.params import ApprovalIdPath
 from dispatcher.control import approvals
-from dispatcher.schemas import DecisionRequest
+from dispatcher.errors import (
+    ApprovalAlreadyDecided,
+    ApprovalExpired,
+    ApprovalNotFound,
+    ApprovalStale,
+    CapabilityUnavailable,
+    RunStopped,
+    SelfApprovalForbidden,
+    TransitionConflict,
+)
+from dispatcher.schemas import ApprovalList, ApprovalView, DecisionRequest
 from dispatcher.states import ApprovalStatus
 
 router = APIRouter()
 
 
-@router.get("/v1/approvals")
+@router.get("/v1/approvals", **documented(answer=ApprovalList))
 async def list_approvals(
     caller: Reader,
     sessions: Sessions,
@@ -28,11 +38,24 @@ async def list_approvals(
         found = await approvals.list_approvals(
             session, tenant=caller.tenant, status=status, limit=limit
         )
-    body = [a.model_dump(by_alias=True, mode="json") for a in found]
-    return json_response(json.dumps({"approvals": body}))
+    return model_response(ApprovalList(approvals=found))
 
 
-@router.post("/v1/approvals/{approval_id}/decision")
+@router.post(
+    "/v1/approvals/{approval_id}/decision",
+    **documented(
+        SelfApprovalForbidden,
+        ApprovalNotFound,
+        ApprovalAlreadyDecided,
+        ApprovalExpired,
+        ApprovalStale,
+        CapabilityUnavailable,
+        RunStopped,
+        TransitionConflict,
+        body=DecisionRequest,
+        answer=ApprovalView,
+    ),
+)
 async def decide(
     approval_id: ApprovalIdPath,
     request: Request,

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.api.auth import ApiKeyAuth, Principal
@@ -18,11 +19,18 @@ from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.intake.batcher import IntakeBatcher
 from dispatcher.settings import Scope, Settings
 
+# Declares the bearer scheme on every route that names a scope, so the document
+# cannot leave one out; it checks nothing (``auto_error=False``): ApiKeyAuth does.
+_BEARER = HTTPBearer(
+    scheme_name="apiKey", description="an API key: its tenant and scopes", auto_error=False
+)
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
 
-def require(scope: Scope) -> Callable[[Request], Principal]:
+
+def require(scope: Scope) -> Callable[[Request, Bearer], Principal]:
     """A dependency: the caller's API key, which must carry ``scope``."""
 
-    def principal(request: Request) -> Principal:
+    def principal(request: Request, _declared: Bearer) -> Principal:
         auth: ApiKeyAuth = request.app.state.auth
         caller = auth.authenticate(request)
         caller.require(scope)

@@ -3,22 +3,23 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from dispatcher.api.bodies import json_response, model_response, parse_body
+from dispatcher.api.bodies import model_response, parse_body
 from dispatcher.api.deps import AppSettings, Operator, Reader, Sessions
+from dispatcher.api.openapi import documented
 from dispatcher.api.params import EscalationIdPath
 from dispatcher.control import escalations
-from dispatcher.schemas import ResolveRequest
+from dispatcher.errors import EscalationAlreadyResolved, EscalationNotFound, TransitionConflict
+from dispatcher.schemas import EscalationList, EscalationView, ResolveRequest
 from dispatcher.states import EscalationStatus
 
 router = APIRouter()
 
 
-@router.get("/v1/escalations")
+@router.get("/v1/escalations", **documented(answer=EscalationList))
 async def list_escalations(
     caller: Reader,
     sessions: Sessions,
@@ -29,11 +30,15 @@ async def list_escalations(
         found = await escalations.list_escalations(
             session, tenant=caller.tenant, status=status, limit=limit
         )
-    body = [e.model_dump(by_alias=True, mode="json") for e in found]
-    return json_response(json.dumps({"escalations": body}))
+    return model_response(EscalationList(escalations=found))
 
 
-@router.post("/v1/escalations/{escalation_id}/acknowledge")
+_ESCALATION = documented(
+    EscalationNotFound, EscalationAlreadyResolved, TransitionConflict, answer=EscalationView
+)
+
+
+@router.post("/v1/escalations/{escalation_id}/acknowledge", **_ESCALATION)
 async def acknowledge(
     escalation_id: EscalationIdPath, caller: Operator, sessions: Sessions, settings: AppSettings
 ) -> Response:
@@ -48,7 +53,16 @@ async def acknowledge(
     return model_response(view)
 
 
-@router.post("/v1/escalations/{escalation_id}/resolve")
+@router.post(
+    "/v1/escalations/{escalation_id}/resolve",
+    **documented(
+        EscalationNotFound,
+        EscalationAlreadyResolved,
+        TransitionConflict,
+        body=ResolveRequest,
+        answer=EscalationView,
+    ),
+)
 async def resolve(
     escalation_id: EscalationIdPath,
     request: Request,

@@ -9,7 +9,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from dispatcher.errors import ServiceUnavailable
+from dispatcher.api.openapi import documented
+from dispatcher.errors import InternalError, ServiceUnavailable
 
 router = APIRouter()
 
@@ -19,7 +20,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", **documented(ServiceUnavailable, InternalError, v1=False))
 async def readyz(request: Request) -> dict[str, str]:
     engine: AsyncEngine = request.app.state.engine
     try:
@@ -30,6 +31,10 @@ async def readyz(request: Request) -> dict[str, str]:
     return {"status": "ready"}
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
 async def metrics() -> Response:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

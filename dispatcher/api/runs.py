@@ -3,29 +3,30 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from dispatcher.api.bodies import json_response, model_response, parse_body
+from dispatcher.api.bodies import model_response, parse_body
 from dispatcher.api.deps import AppSettings, Operator, Reader, Registry, Sessions
+from dispatcher.api.openapi import NOT_ROUTED, documented
 from dispatcher.api.params import EventCursor, RunIdPath
 from dispatcher.control import runs
-from dispatcher.schemas import StopRequest
-from dispatcher.views.run_view import load_run_view, run_events
+from dispatcher.errors import RunNotFound
+from dispatcher.schemas import EventLog, StopRequest, StopResult
+from dispatcher.views.run_view import RunView, load_run_view, run_events
 
 router = APIRouter()
 
 
-@router.get("/v1/runs/{run_id}")
+@router.get("/v1/runs/{run_id}", **documented(RunNotFound, answer=RunView))
 async def run_view(run_id: RunIdPath, caller: Reader, sessions: Sessions) -> Response:
     async with sessions() as session:
         view = await load_run_view(session, caller.tenant, run_id)
     return model_response(view)
 
 
-@router.get("/v1/runs/{run_id}/events")
+@router.get("/v1/runs/{run_id}/events", **documented(RunNotFound, answer=EventLog))
 async def run_event_log(
     run_id: RunIdPath,
     caller: Reader,
@@ -35,11 +36,14 @@ async def run_event_log(
 ) -> Response:
     async with sessions() as session:
         found = await run_events(session, caller.tenant, run_id, after=after, limit=limit)
-    events = [e.model_dump(by_alias=True, mode="json") for e in found]
-    return json_response(json.dumps({"runId": run_id, "events": events}))
+    return model_response(EventLog(run_id=run_id, events=found))
 
 
-@router.post("/v1/runs/{run_id}/stop")
+@router.post(
+    "/v1/runs/{run_id}/stop",
+    # A run nobody has heard of can be stopped too: only a path no route takes is 404.
+    **documented(NOT_ROUTED, body=StopRequest, body_required=False, answer=StopResult),
+)
 async def stop(
     run_id: RunIdPath,
     request: Request,

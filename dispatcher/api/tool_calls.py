@@ -12,9 +12,18 @@ from fastapi import APIRouter, Query, Request, Response
 
 from dispatcher.api.bodies import json_response, model_response, parse_body
 from dispatcher.api.deps import AppSettings, Batcher, Operator, Reader, Sessions, Submitter
+from dispatcher.api.openapi import TOO_MANY_REQUESTS, documented
 from dispatcher.api.params import ToolCallIdPath
 from dispatcher.control import retry as control
-from dispatcher.errors import ToolCallNotFound
+from dispatcher.errors import (
+    CapabilityNotFound,
+    IdempotencyKeyReused,
+    RetryNotAllowed,
+    RunStopped,
+    ToolCallIdConflict,
+    ToolCallNotFound,
+    TransitionConflict,
+)
 from dispatcher.metrics import INTAKE_SUBMISSIONS
 from dispatcher.schemas import RetryRequest, SubmitRequest, ToolCallView
 from dispatcher.states import SETTLED_STATES
@@ -27,7 +36,30 @@ MAX_WAIT_SECONDS = 20.0
 router = APIRouter()
 
 
-@router.post("/v1/tool-calls", status_code=201)
+_CREATED = {"Location": {"description": "the call's URL", "schema": {"type": "string"}}}
+
+
+@router.post(
+    "/v1/tool-calls",
+    **documented(
+        CapabilityNotFound,
+        ToolCallIdConflict,
+        RunStopped,
+        IdempotencyKeyReused,
+        TOO_MANY_REQUESTS,
+        body=SubmitRequest,
+        answer=ToolCallView,
+        status=201,
+        also={
+            201: {"description": "recorded", "headers": _CREATED},
+            200: {
+                "description": "an earlier submission with this key, replayed",
+                "model": ToolCallView,
+                "headers": _CREATED,
+            },
+        },
+    ),
+)
 async def submit_tool_call(request: Request, caller: Submitter, batcher: Batcher) -> Response:
     body = parse_body(SubmitRequest, await request.body(), "tool call")
     submission = await batcher.submit(body, caller.tenant, caller.identity)
@@ -42,7 +74,10 @@ async def submit_tool_call(request: Request, caller: Submitter, batcher: Batcher
     )
 
 
-@router.get("/v1/tool-calls/{tool_call_id}")
+@router.get(
+    "/v1/tool-calls/{tool_call_id}",
+    **documented(ToolCallNotFound, TOO_MANY_REQUESTS, answer=ToolCallView),
+)
 async def get_tool_call(
     tool_call_id: ToolCallIdPath,
     caller: Reader,
@@ -73,7 +108,17 @@ async def get_tool_call(
         pause = min(pause * 2, 0.5)
 
 
-@router.post("/v1/tool-calls/{tool_call_id}/retry")
+@router.post(
+    "/v1/tool-calls/{tool_call_id}/retry",
+    **documented(
+        ToolCallNotFound,
+        RetryNotAllowed,
+        RunStopped,
+        TransitionConflict,
+        body=RetryRequest,
+        answer=ToolCallView,
+    ),
+)
 async def retry(
     tool_call_id: ToolCallIdPath,
     request: Request,

@@ -1,0 +1,143 @@
+"""The API keeps the promises of its own ``/openapi.json``: schemathesis generates
+requests for every operation from the document the server serves (valid and invalid
+ones) and runs its checks on each answer: status codes, content types, response
+headers and schemas conformance, 5xx, negative data rejected, positive data accepted,
+undeclared auth ignored.
+
+The server is the real app under uvicorn on a free port, with the control plane's
+keys, on a database of its own; it runs in a thread with its own event loop, because
+schemathesis' calls are blocking. Examples are bounded per operation so the whole run
+stays near two minutes on two cores."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, TypeGuard
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis import GenerationMode
+
+from dispatcher.api.app import create_app
+from dispatcher.api.server import api_server
+from dispatcher.settings import load_settings
+from dispatcher.testing.databases import create_database, drop_database, unique_name
+from dispatcher.testing.embedded import free_port
+from dispatcher.testing.registries import sandbox_registry
+from tests.fixtures.api import GLOBEX, control_keys
+
+pytestmark = pytest.mark.postgres
+
+# Capabilities of the sandbox registry whose key template needs nothing of the input.
+RECORDABLE = ("send-email", "refund-order-approved", "lookup-order")
+# Per operation (14 of them), each example a real request: about a minute here.
+EXAMPLES = 120
+
+
+@pytest.fixture(scope="module")
+def served(pg_server_url: str, template_database: str) -> Iterator[str]:
+    """The base URL of the real API, serving a database of this module's own."""
+    name = unique_name("td_contract")
+    url = create_database(pg_server_url, name, template=template_database)
+    config = load_settings(
+        {"database_url": url, "api_keys": control_keys(), "kafka_enable_idempotence": False}
+    )
+    port = free_port(config.http_host)
+    server = api_server(config, sandbox_registry(), port=port, install_signal_handlers=False)
+    thread = threading.Thread(target=server.run, name="api", daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive(), "the API server stopped while starting"
+        time.sleep(0.01)
+    try:
+        yield f"http://{config.http_host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join()
+        drop_database(pg_server_url, name)
+
+
+def _document() -> dict[str, Any]:
+    # The document the app builds (test_the_server_serves_it: the one it serves).
+    app: Any = create_app(
+        load_settings({"database_url": "postgresql://unused"}), sandbox_registry()
+    )
+    while not hasattr(app, "openapi"):  # unwrap the pure-ASGI middleware
+        app = app.app
+    document: dict[str, Any] = app.openapi()
+    return document
+
+
+# Every check schemathesis has is on, except:
+# - unsupported_method, until 405 answers carry ``Allow`` (issue 13, finding 9, built
+#   on another branch): drop its section then.
+# - positive_data_acceptance allows 400 on the event log: an ``after`` cursor that
+#   names no event of the run is refused (``validation_failed``), however well formed;
+#   and 400 and 422 on submit: input the document cannot describe (a NUL in a nested
+#   string, see _recordable) is refused, and a key generated twice for two calls is
+#   ``idempotency_key_reused``.
+# The key has every scope, so an answer is decided by the request, not by a missing
+# scope; schemathesis leaves it out where it tests the security scheme itself.
+CONFIG = f"""
+[auth.openapi.apiKey]
+bearer = "{GLOBEX}"
+
+[checks.unsupported_method]
+enabled = false
+
+[[operations]]
+include-path = "/v1/tool-calls"
+include-method = "POST"
+checks.positive_data_acceptance.expected-statuses = [
+    "2xx", "3xx", "400", "401", "403", "404", "409", "422", "429", "5xx"
+]
+
+[[operations]]
+include-path = "/v1/runs/{{run_id}}/events"
+checks.positive_data_acceptance.expected-statuses = [
+    "2xx", "3xx", "400", "401", "403", "404", "409", "429", "5xx"
+]
+"""
+
+
+def _recordable(body: object) -> TypeGuard[dict[str, Any]]:
+    """A body the identifier and input contract of issue 13 (findings 1-3, built on
+    another branch) admits: no NUL anywhere, a printable ASCII toolCallId. Until that
+    contract is merged the rest answer 503 or 500, which each finding's own test shows;
+    after, they answer 400 whatever the capability (allowed on submit, below)."""
+    if not isinstance(body, dict) or "\\u0000" in json.dumps(body):
+        return False
+    call_id = body.get("toolCallId")
+    return call_id is None or (
+        isinstance(call_id, str) and call_id.isascii() and call_id.isprintable()
+    )
+
+
+schema = schemathesis.openapi.from_dict(_document(), config=schemathesis.Config.from_str(CONFIG))
+
+
+@schema.parametrize()
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+)
+def test_every_answer_matches_the_document(case: schemathesis.Case, served: str) -> None:
+    if case.operation.path == "/v1/tool-calls" and case.meta is not None:
+        if case.meta.generation.mode is GenerationMode.POSITIVE and _recordable(case.body):
+            # The document cannot know the registry: name a capability that exists (and
+            # keys on nothing in the input), so calls are recorded and their 201 and
+            # their approvals are checked too, not only 404 capability_not_found.
+            case.body["capabilityId"] = RECORDABLE[len(case.body) % len(RECORDABLE)]
+    case.call_and_validate(base_url=served)
+
+
+def test_the_server_serves_it(served: str) -> None:
+    assert httpx.get(f"{served}/openapi.json").json() == _document()
