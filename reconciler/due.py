@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, extract, func, select, update
+from sqlalchemy import ColumnElement, extract, func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import tool_calls
@@ -80,7 +80,7 @@ async def claim_due(
     """Claim up to ``limit`` due calls for ``owner``, in the caller's transaction
     (commit it before looking anything up)."""
     candidates = (
-        select(tool_calls.c.tool_call_id)
+        select(tool_calls.c.tenant, tool_calls.c.tool_call_id)
         .where(due_condition(due_by))
         .order_by(tool_calls.c.next_reconcile_at)
         .limit(limit)
@@ -90,7 +90,11 @@ async def claim_due(
     lease_end = func.now() + timedelta(seconds=lease_seconds)
     rows = await session.execute(
         update(tool_calls)
-        .where(tool_calls.c.tool_call_id.in_(select(candidates.c.tool_call_id)))
+        .where(
+            tuple_(tool_calls.c.tenant, tool_calls.c.tool_call_id).in_(
+                select(candidates.c.tenant, candidates.c.tool_call_id)
+            )
+        )
         .values(
             lease_owner=owner,
             lease_expires_at=lease_end,

@@ -331,6 +331,7 @@ class Reconciler:
                     session,
                     call.tool_call_id,
                     capability,
+                    tenant=call.tenant,
                     expected=S.RESULT_UNKNOWN,
                     dispatch_attempts=call.dispatch_attempts,
                     event_type=EventType.TOOL_CALL_REDISPATCHED,

@@ -81,6 +81,7 @@ class Writer:
                         "last_error": f.error,
                     },
                     payload=f.evidence,
+                    tenant=f.call.tenant,
                 )
                 for f in findings
             ],
@@ -106,15 +107,22 @@ class Writer:
         if not retries:
             return []
         rows = values(
+            column("tenant", Text),
             column("tool_call_id", Text),
             column("fence_version", Integer),
             column("delay", Float),
             column("error", Text),
             name="v",
-        ).data([(r.call.tool_call_id, r.call.version, r.delay_seconds, r.error) for r in retries])
+        ).data(
+            [
+                (r.call.tenant, r.call.tool_call_id, r.call.version, r.delay_seconds, r.error)
+                for r in retries
+            ]
+        )
         updated = await session.execute(
             update(tool_calls)
             .where(
+                tool_calls.c.tenant == rows.c.tenant,
                 tool_calls.c.tool_call_id == rows.c.tool_call_id,
                 tool_calls.c.version == rows.c.fence_version,
                 tool_calls.c.lease_owner == self.owner,
@@ -131,10 +139,10 @@ class Writer:
             )
             .returning(*tool_calls.c)
         )
-        by_id = {r.call.tool_call_id: r for r in retries}
+        by_key = {(r.call.tenant, r.call.tool_call_id): r for r in retries}
         events = []
         for row in updated:
-            retry = by_id[row.tool_call_id]
+            retry = by_key[(row.tenant, row.tool_call_id)]
             events.append(
                 event_row(
                     EventType.TOOL_CALL_RECONCILE_ATTEMPTED,
@@ -158,6 +166,7 @@ class Writer:
         return await escalate(
             session,
             call.tool_call_id,
+            tenant=call.tenant,
             expected=call.status,
             reason=reason,
             evidence=evidence,
@@ -172,6 +181,7 @@ class Writer:
         await move(
             session,
             finding.call.tool_call_id,
+            tenant=finding.call.tenant,
             expected=finding.call.status,
             target=S.COMPENSATED,
             event_type=EventType.TOOL_CALL_COMPENSATED,

@@ -103,7 +103,10 @@ async def decide(
     call = (
         await session.execute(
             select(tool_calls)
-            .where(tool_calls.c.tool_call_id == current.tool_call_id)
+            .where(
+                tool_calls.c.tenant == tenant,
+                tool_calls.c.tool_call_id == current.tool_call_id,
+            )
             .with_for_update()
         )
     ).one()
@@ -118,6 +121,7 @@ async def decide(
     moved = await move(
         session,
         current.tool_call_id,
+        tenant=tenant,
         expected=S.PROPOSED,
         target=target,
         event_type=event,
@@ -248,7 +252,12 @@ async def expire_due(
     """
     due = (
         await session.execute(
-            select(approvals.c.approval_id, approvals.c.tool_call_id, approvals.c.expires_at)
+            select(
+                approvals.c.approval_id,
+                approvals.c.tool_call_id,
+                approvals.c.tenant,
+                approvals.c.expires_at,
+            )
             .where(
                 approvals.c.status == ApprovalStatus.PENDING.value,
                 approvals.c.expires_at <= func.now(),
@@ -266,6 +275,7 @@ async def expire_due(
             BulkMove(
                 r.tool_call_id,
                 payload={"approvalId": r.approval_id, "expiresAt": r.expires_at.isoformat()},
+                tenant=r.tenant,
             )
             for r in due
         ],

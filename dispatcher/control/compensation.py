@@ -22,6 +22,7 @@ async def request_compensation(
     session: AsyncSession,
     tool_call_id: str,
     *,
+    tenant: str,
     reason: str,
     producer: Producer,
     topics: Topics = DEFAULT_TOPICS,
@@ -33,6 +34,7 @@ async def request_compensation(
         await session.execute(
             update(tool_calls)
             .where(
+                tool_calls.c.tenant == tenant,
                 tool_calls.c.tool_call_id == tool_call_id,
                 tool_calls.c.compensation_requested_at.is_(None),
             )
@@ -43,7 +45,9 @@ async def request_compensation(
     if row is None:
         exists = (
             await session.execute(
-                tool_calls.select().where(tool_calls.c.tool_call_id == tool_call_id)
+                tool_calls.select().where(
+                    tool_calls.c.tenant == tenant, tool_calls.c.tool_call_id == tool_call_id
+                )
             )
         ).first()
         if exists is None:

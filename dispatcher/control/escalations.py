@@ -63,6 +63,7 @@ async def escalate(
     session: AsyncSession,
     tool_call_id: str,
     *,
+    tenant: str,
     expected: S | Iterable[S],
     reason: str,
     evidence: Mapping[str, Any],
@@ -83,6 +84,7 @@ async def escalate(
     moved = await move(
         session,
         tool_call_id,
+        tenant=tenant,
         expected=expected,
         target=S.ESCALATED,
         event_type=EventType.TOOL_CALL_ESCALATED,
@@ -102,7 +104,9 @@ async def escalate(
     call = moved.row._mapping
     episode = (
         await session.execute(
-            select(func.count()).where(escalations.c.tool_call_id == tool_call_id)
+            select(func.count()).where(
+                escalations.c.tenant == tenant, escalations.c.tool_call_id == tool_call_id
+            )
         )
     ).scalar_one() + 1
     record = {
@@ -138,7 +142,10 @@ async def _evidence(
                 execution_events.c.producer,
                 execution_events.c.payload,
             )
-            .where(execution_events.c.tool_call_id == call["tool_call_id"])
+            .where(
+                execution_events.c.tenant == call["tenant"],
+                execution_events.c.tool_call_id == call["tool_call_id"],
+            )
             .order_by(execution_events.c.seq)
         )
     ).all()
@@ -219,7 +226,7 @@ async def acknowledge(
             .returning(*escalations.c)
         )
     ).one()
-    call = await _call(session, current.tool_call_id)
+    call = await _call(session, current.tool_call_id, current.tenant)
     await record_events(
         session,
         [
@@ -265,6 +272,7 @@ async def resolve(
     await move(
         session,
         current.tool_call_id,
+        tenant=current.tenant,
         expected=S.ESCALATED,
         target=target,
         event_type=event,
@@ -312,9 +320,13 @@ async def _locked(session: AsyncSession, escalation_id: str, tenant: str | None)
     return EscalationView.of(row._mapping)
 
 
-async def _call(session: AsyncSession, tool_call_id: str) -> Mapping[Any, Any]:
+async def _call(session: AsyncSession, tool_call_id: str, tenant: str) -> Mapping[Any, Any]:
     row = (
-        await session.execute(select(tool_calls).where(tool_calls.c.tool_call_id == tool_call_id))
+        await session.execute(
+            select(tool_calls).where(
+                tool_calls.c.tenant == tenant, tool_calls.c.tool_call_id == tool_call_id
+            )
+        )
     ).one()
     return row._mapping
 

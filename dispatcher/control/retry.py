@@ -95,6 +95,7 @@ async def retry_call(
     moved = await move(
         session,
         tool_call_id,
+        tenant=tenant,
         expected=status,
         target=S.AUTHORIZED,
         event_type=EventType.TOOL_CALL_RETRIED,

@@ -116,7 +116,9 @@ async def stop_run(
     cancelled = await move_many(
         session,
         [
-            BulkMove(call_id, payload={"reason": reason, "by": by, "runStopped": True})
+            BulkMove(
+                call_id, payload={"reason": reason, "by": by, "runStopped": True}, tenant=tenant
+            )
             for call_id in queued
         ],
         expected=QUEUED,
@@ -129,9 +131,9 @@ async def stop_run(
         topics=topics,
     )
     cancelled_ids = [m.row.tool_call_id for m in cancelled]
-    await _close_approvals(session, cancelled_ids)
+    await _close_approvals(session, tenant, cancelled_ids)
     flying, compensate = await _compensate_in_flight(
-        session, in_run, reason=reason, registry=registry, topics=topics
+        session, in_run, tenant=tenant, reason=reason, registry=registry, topics=topics
     )
     return _result(
         stopped,
@@ -153,12 +155,12 @@ async def _take_run(session: AsyncSession, tenant: str, run_id: str) -> Row[Any]
     return (await session.execute(select(runs).where(*where))).one()
 
 
-async def _close_approvals(session: AsyncSession, cancelled: list[str]) -> None:
+async def _close_approvals(session: AsyncSession, tenant: str, cancelled: list[str]) -> None:
     """Close the pending approvals of calls the stop cancelled."""
     if cancelled:
         await session.execute(
             approval_update(ApprovalStatus.PENDING, ApprovalStatus.CANCELLED)
-            .where(approvals.c.tool_call_id.in_(cancelled))
+            .where(approvals.c.tenant == tenant, approvals.c.tool_call_id.in_(cancelled))
             .values(closed_at=func.now())
         )
 
@@ -179,6 +181,7 @@ async def _compensate_in_flight(
     session: AsyncSession,
     in_run: tuple[ColumnElement[bool], ...],
     *,
+    tenant: str,
     reason: str,
     registry: CapabilityRegistry,
     topics: Topics,
@@ -202,6 +205,7 @@ async def _compensate_in_flight(
             await request_compensation(
                 session,
                 call_id,
+                tenant=tenant,
                 reason=f"run stopped: {reason}" if reason else "run stopped",
                 producer=Producer.OPERATOR,
                 topics=topics,

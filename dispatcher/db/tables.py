@@ -15,6 +15,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     Table,
     Text,
     UniqueConstraint,
@@ -49,7 +50,8 @@ def status_check(column: str, statuses: type[StrEnum], *, name: str) -> CheckCon
 tool_calls = Table(
     "tool_calls",
     metadata,
-    Column("tool_call_id", Text, primary_key=True),
+    # Keyed per tenant (PrimaryKeyConstraint below): tenants' toolCallIds never meet.
+    Column("tool_call_id", Text, nullable=False),
     Column("tenant", Text, nullable=False),
     Column("run_id", Text, nullable=False),
     Column("turn_id", Text),
@@ -92,6 +94,7 @@ tool_calls = Table(
     Column("version", Integer, nullable=False, server_default="1"),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("tenant", "tool_call_id", name="tool_calls_pkey"),
     UniqueConstraint("tenant", "idempotency_key", name="uq_tool_calls_tenant_idempotency_key"),
     status_check("status", ExecutionStatus, name="ck_tool_calls_status"),
     status_check("verification_status", VerificationStatus, name="ck_tool_calls_verification"),
@@ -167,7 +170,7 @@ escalations = Table(
     Column("resolution_reason", Text),
     # The exactly-once guarantee: one escalation (and so one published message) per
     # episode of a call, whoever races to write it.
-    UniqueConstraint("tool_call_id", "episode", name="uq_escalations_call_episode"),
+    UniqueConstraint("tenant", "tool_call_id", "episode", name="uq_escalations_call_episode"),
     status_check("status", EscalationStatus, name="ck_escalations_status"),
     CheckConstraint(
         "finding IS NULL OR finding IN ('confirmed_success', 'confirmed_failure', 'compensated')",
@@ -185,7 +188,7 @@ approvals = Table(
     Column("approval_id", Text, primary_key=True),
     # One approval per call: a decision is keyed by approval_id, so it can never answer
     # another call's approval.
-    Column("tool_call_id", Text, nullable=False, unique=True),
+    Column("tool_call_id", Text, nullable=False),
     Column("tenant", Text, nullable=False),
     Column("run_id", Text, nullable=False),
     Column("capability_id", Text, nullable=False),
@@ -203,6 +206,7 @@ approvals = Table(
     Column("decision", Text),
     Column("decided_by", Text),
     Column("decision_reason", Text),
+    UniqueConstraint("tenant", "tool_call_id", name="uq_approvals_tenant_call"),
     status_check("status", ApprovalStatus, name="ck_approvals_status"),
     CheckConstraint(
         "decision IS NULL OR decision IN ('approve', 'reject')", name="ck_approvals_decision"

@@ -22,11 +22,14 @@ def fingerprint(capability_id: str, call_input: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def default_key(request: SubmitRequest, tool_call_id: str, template: str | None) -> str:
+def default_key(
+    request: SubmitRequest, tool_call_id: str, template: str | None, tenant: str
+) -> str:
     """The key of a request that names none: the capability's template rendered over
-    the request, or else the call's id."""
+    the request, or else the call's id qualified by its tenant (a toolCallId is unique
+    only within its tenant; the provider sees every tenant's keys)."""
     if template is None:
-        return tool_call_id
+        return f"{tenant}:{tool_call_id}"
     return render_key_template(
         template,
         {

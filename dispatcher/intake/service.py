@@ -127,7 +127,8 @@ async def submit_many(
         claimed: set[object] = set()
         for i in order:
             prep = prepared[i]
-            ids = (prep.key, prep.values["tool_call_id"])
+            # Tagged: a key may read like another call's id. Both are per tenant.
+            ids = (("key", *prep.key), ("call", prep.tenant, prep.values["tool_call_id"]))
             if claimed.isdisjoint(ids):
                 claimed.update(ids)
                 fresh.append(i)
@@ -139,7 +140,7 @@ async def submit_many(
         for i in fresh:
             _plan_created(prepared[i], events, messages, approvals, topics)
         inserted = {
-            row["tool_call_id"]: row
+            (row["tenant"], row["tool_call_id"]): row
             for row in await write_intake(
                 session,
                 {
@@ -151,7 +152,7 @@ async def submit_many(
             )
         }
         for i in fresh:
-            row = inserted.get(prepared[i].values["tool_call_id"])
+            row = inserted.get((prepared[i].tenant, prepared[i].values["tool_call_id"]))
             if row is None:
                 to_replay[i] = prepared[i]
             else:
@@ -173,8 +174,11 @@ def _prepare(
             f"capability {capability.id!r} is disabled", capabilityId=capability.id
         )
     tool_call_id = request.tool_call_id or str(uuid.uuid4())
+    # The provider's key space is shared by every tenant (credentials are per
+    # capability), and a toolCallId is unique only within its tenant: a key made of
+    # the bare id would let two tenants' calls answer for each other at the provider.
     key = request.idempotency_key or default_key(
-        request, tool_call_id, capability.idempotency_key_template
+        request, tool_call_id, capability.idempotency_key_template, tenant
     )
     if request.idempotency_key is None:
         _check_derived_key(key)
@@ -264,12 +268,13 @@ def _plan_created(
                 payload={"reason": "no approval required"},
             )
         )
-    messages.extend({**event_message(e, topics), "call": call} for e in new)
+    tenant = prep.tenant
+    messages.extend({**event_message(e, topics), "call_tenant": tenant, "call": call} for e in new)
     if not prep.requires_approval:
         command = DispatchCommand.build(
             prep.values, producer=Producer.INTAKE, causation_id=new[-1]["event_id"]
         )
-        messages.append({**command.to_outbox_row(topics), "call": call})
+        messages.append({**command.to_outbox_row(topics), "call_tenant": tenant, "call": call})
     # JSON parameters: the timestamp travels as ISO 8601 text.
     events.extend({**e, "occurred_at": e["occurred_at"].isoformat()} for e in new)
 
@@ -305,6 +310,7 @@ async def _replay(
             )
         )
     }
+    stored.update(await _legacy_defaults(session, items, stored))
     outcomes: dict[int, Submission | DispatcherError] = {}
     missing = {(p.tenant, p.values["run_id"]) for p in items.values() if p.key not in stored}
     stopped: set[tuple[str, str]] = set()
@@ -334,3 +340,24 @@ async def _replay(
         else:
             outcomes[i] = Submission(ToolCallView.of(row), created=False)
     return outcomes
+
+
+async def _legacy_defaults(
+    session: AsyncSession, items: dict[int, _Prepared], stored: dict[Any, Any]
+) -> dict[tuple[str, str], Any]:
+    """Calls stored before default keys were tenant-qualified (migration 0007), keyed
+    by their bare toolCallId: a replay without a key still finds its call."""
+    wanted = {
+        (p.tenant, p.values["tool_call_id"]): p.key
+        for p in items.values()
+        if p.key not in stored and p.request.idempotency_key is None
+    }
+    if not wanted:
+        return {}
+    rows = await session.execute(
+        select(tool_calls).where(
+            tuple_(tool_calls.c.tenant, tool_calls.c.tool_call_id).in_(list(wanted)),
+            tool_calls.c.idempotency_key == tool_calls.c.tool_call_id,
+        )
+    )
+    return {wanted[(r.tenant, r.tool_call_id)]: r._mapping for r in rows}

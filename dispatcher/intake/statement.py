@@ -42,11 +42,11 @@ _APPROVAL_COLUMNS = {
 }  # fmt: skip
 
 
-def _rows_of(param: str, columns: dict[str, str], extra: str = "") -> str:
+def _rows_of(param: str, columns: dict[str, str], extra: tuple[str, ...] = ()) -> str:
     """SELECT list and FROM of the rows passed as one JSON array in ``param``, in
-    array order (WITH ORDINALITY)."""
-    spec = ", ".join(f"{c} {t}" for c, t in columns.items()) + (f", {extra} text" if extra else "")
-    names = ", ".join(columns) + (f", {extra}" if extra else "")
+    array order (WITH ORDINALITY); ``extra`` text fields are read but not selected."""
+    spec = ", ".join([*(f"{c} {t}" for c, t in columns.items()), *(f"{e} text" for e in extra)])
+    names = ", ".join([*columns, *extra])
     # Only this module's constant column lists go into the text.
     rows = f"ROWS FROM (jsonb_to_recordset(:{param}) AS ({spec}))"
     return f"SELECT {', '.join(columns)} FROM {rows} WITH ORDINALITY AS {param}_in({names}, ord)"  # noqa: S608
@@ -67,9 +67,10 @@ _STOPPED = """stopped AS MATERIALIZED (
 )"""
 
 
-# What the caller gets back of each created call: its view, not every column (each
-# column returned costs CPU in the driver on every call).
-_RETURNED = tuple(ToolCallView.model_fields)
+# What the caller gets back of each created call: its view and its tenant (with the
+# toolCallId, the call's key), not every column (each column returned costs CPU in the
+# driver on every call).
+_RETURNED = (*ToolCallView.model_fields, "tenant")
 
 # The whole intake write in one statement and one round trip. Events and outbox rows
 # are written only for the calls the first INSERT created (its RETURNING), so a
@@ -91,15 +92,15 @@ INTAKE = (
 ), approvals AS (
     INSERT INTO approvals ({", ".join(_APPROVAL_COLUMNS)})
     {_rows_of("approvals", _APPROVAL_COLUMNS)}
-    WHERE tool_call_id IN (SELECT tool_call_id FROM calls) ORDER BY ord
+    WHERE (tenant, tool_call_id) IN (SELECT tenant, tool_call_id FROM calls) ORDER BY ord
 ), events AS (
     INSERT INTO execution_events ({", ".join(_EVENT_COLUMNS)})
     {_rows_of("events", _EVENT_COLUMNS)}
-    WHERE tool_call_id IN (SELECT tool_call_id FROM calls) ORDER BY ord
+    WHERE (tenant, tool_call_id) IN (SELECT tenant, tool_call_id FROM calls) ORDER BY ord
 ), messages AS (
     INSERT INTO outbox ({", ".join(_OUTBOX_COLUMNS)})
-    {_rows_of("messages", _OUTBOX_COLUMNS, extra="call")}
-    WHERE call IN (SELECT tool_call_id FROM calls) ORDER BY ord
+    {_rows_of("messages", _OUTBOX_COLUMNS, extra=("call_tenant", "call"))}
+    WHERE (call_tenant, call) IN (SELECT tenant, tool_call_id FROM calls) ORDER BY ord
 )
 SELECT {", ".join(_RETURNED)} FROM calls"""  # noqa: S608 - constant text, every value is a bound parameter
     )

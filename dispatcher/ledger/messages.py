@@ -94,8 +94,9 @@ _COMMAND_FIELDS = {
 class DispatchCommand:
     """The message that asks a worker to run a call (``tool.call.dispatch``).
 
-    A worker trusts only ``tool_call_id``: the call's row decides whether and what it
-    runs, so a repeated or late command is dropped by the call's state.
+    A worker trusts only ``tenant`` and ``tool_call_id`` (the call's key): the call's
+    row decides whether and what it runs, so a repeated or late command is dropped by
+    the call's state.
     """
 
     tool_call_id: str

@@ -21,13 +21,13 @@ from sqlalchemy import (
     RowMapping,
     Table,
     Text,
-    any_,
     bindparam,
     column,
     func,
     or_,
     select,
     text,
+    tuple_,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
@@ -78,6 +78,7 @@ async def move(
     session: AsyncSession,
     tool_call_id: str,
     *,
+    tenant: str,
     expected: ExecutionStatus | Iterable[ExecutionStatus],
     target: ExecutionStatus,
     event_type: EventType,
@@ -88,7 +89,7 @@ async def move(
     fence: Fence | None = None,
     topics: Topics = DEFAULT_TOPICS,
 ) -> Moved:
-    """Move one call from one of ``expected`` to ``target`` (unless ``fence`` no longer
+    """Move ``tenant``'s call from one of ``expected`` to ``target`` (unless ``fence`` no longer
     holds) and record ``event_type``; returns the updated row and the event."""
     sources = [expected] if isinstance(expected, ExecutionStatus) else list(expected)
     for source in sources:
@@ -97,6 +98,7 @@ async def move(
     stmt = (
         update(tool_calls)
         .where(
+            tool_calls.c.tenant == tenant,
             tool_calls.c.tool_call_id == tool_call_id,
             tool_calls.c.status.in_([s.value for s in sources]),
         )
@@ -179,10 +181,14 @@ def _per_call(stmt: Update, moves: Sequence[BulkMove]) -> Update:
     again for each of them.
     """
     names = sorted(moves[0].values)
-    rows = [{"tool_call_id": m.tool_call_id, "fence_version": m.version, **m.values} for m in moves]
+    rows = [
+        {"tenant": m.tenant, "tool_call_id": m.tool_call_id, "fence_version": m.version, **m.values}
+        for m in moves
+    ]
     spec = (
         func.jsonb_to_recordset(bindparam("moves", rows, type_=JSONB))
         .table_valued(
+            column("tenant", Text),
             column("tool_call_id", Text),
             column("fence_version", Integer),
             *(column(name, tool_calls.c[name].type) for name in names),
@@ -191,6 +197,7 @@ def _per_call(stmt: Update, moves: Sequence[BulkMove]) -> Update:
     )
     v = select(spec).cte("v").prefix_with("MATERIALIZED")
     return stmt.where(
+        tool_calls.c.tenant == v.c.tenant,
         tool_calls.c.tool_call_id == v.c.tool_call_id,
         or_(v.c.fence_version.is_(None), tool_calls.c.version == v.c.fence_version),
     ).values({name: v.c[name] for name in names})
@@ -219,6 +226,12 @@ class BulkMove:
     version: int | None = None
     values: Mapping[str, Any] = field(default_factory=dict)
     payload: Mapping[str, Any] = field(default_factory=dict)
+    # A toolCallId is unique only within its tenant.
+    tenant: str = field(kw_only=True)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.tenant, self.tool_call_id)
 
 
 async def move_many(
@@ -251,14 +264,22 @@ async def move_many(
     for source in sources:
         check_transition(source, target)
     # Sorted, so concurrent batches lock shared rows in one order and cannot deadlock.
-    ordered = sorted(moves, key=lambda m: m.tool_call_id)
+    ordered = sorted(moves, key=lambda m: m.key)
     stmt = (
         update(tool_calls)
         .where(
-            # The ids as an array: the planner reaches the rows through the primary key
+            # The keys as arrays: the planner reaches the rows through the primary key
             # (it cannot see into the JSON of per-call values below).
-            tool_calls.c.tool_call_id
-            == any_(bindparam("ids", [m.tool_call_id for m in ordered], type_=ARRAY(Text))),
+            tuple_(tool_calls.c.tenant, tool_calls.c.tool_call_id).in_(
+                select(
+                    func.unnest(
+                        bindparam("tenants", [m.tenant for m in ordered], type_=ARRAY(Text)),
+                        bindparam("ids", [m.tool_call_id for m in ordered], type_=ARRAY(Text)),
+                    )
+                    .table_valued("tenant", "tool_call_id")
+                    .render_derived()
+                )
+            ),
             tool_calls.c.status.in_([s.value for s in sources]),
             *where,
         )
@@ -274,7 +295,7 @@ async def move_many(
     if lease_owner is not None:
         stmt = stmt.where(tool_calls.c.lease_owner == lease_owner)
     moved = list((await session.execute(stmt.returning(*MOVED_COLUMNS))).all())
-    by_id = {m.tool_call_id: m for m in moves}
+    by_key = {m.key: m for m in moves}
     came_from = [s.value for s in sources]
     events = [
         event_row(
@@ -284,7 +305,7 @@ async def move_many(
             payload={
                 "from": came_from,
                 "to": target.value,
-                **dict(by_id[row.tool_call_id].payload),
+                **dict(by_key[(row.tenant, row.tool_call_id)].payload),
                 **(row_payload(row._mapping) if row_payload else {}),
             },
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import (
@@ -51,6 +51,12 @@ class Claim:
     settles: bool = False
     # Kept when the answer carries none (a re-send of a call the provider already named).
     external_request_id: str | None = None
+    # A toolCallId is unique only within its tenant: (tenant, tool_call_id) is the call.
+    tenant: str = field(kw_only=True)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.tenant, self.tool_call_id)
 
 
 def lease_seconds(capability: Capability, minimum: float, margin: float) -> float:
@@ -141,6 +147,7 @@ async def claim_calls(
             now,
             settles,
             row.external_request_id,
+            tenant=row.tenant,
         )
         for row in rows
     ]

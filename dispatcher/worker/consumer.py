@@ -111,7 +111,7 @@ async def run_worker(
         await engine.dispose()
 
 
-def _commands(records: list[ConsumerRecord[Any, Any]], known: set[str]) -> list[str]:
+def _commands(records: list[ConsumerRecord[Any, Any]], known: set[str]) -> list[tuple[str, str]]:
     """The calls the fetched records name, in order; other messages are dropped."""
     calls = []
     for record in records:
@@ -127,7 +127,7 @@ def _commands(records: list[ConsumerRecord[Any, Any]], known: set[str]) -> list[
         if command.capability_id not in known:
             # Its call stays authorized: no claim is taken for an unknown capability.
             log.error("call %s names an unregistered capability", command.tool_call_id)
-        calls.append(command.tool_call_id)
+        calls.append((command.tenant, command.tool_call_id))
     return calls
 
 

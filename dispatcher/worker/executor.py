@@ -35,7 +35,10 @@ from dispatcher.worker.claims import Claim, claim_calls, lease_seconds
 from dispatcher.worker.crashpoints import CrashPoints
 from dispatcher.worker.outcomes import OutcomeRecorder, Sent
 
-__all__ = ["Claim", "Executor", "lease_seconds"]
+__all__ = ["CallKey", "Claim", "Executor", "lease_seconds"]
+
+CallKey = tuple[str, str]
+"""A call as ``(tenant, tool_call_id)``: a toolCallId is unique only within its tenant."""
 
 log = logging.getLogger(__name__)
 
@@ -71,30 +74,31 @@ class Executor:
     def _lease_of(self, capability: Capability) -> float:
         return lease_seconds(capability, self._min_lease, self._lease_margin)
 
-    async def execute(self, tool_call_id: str) -> S | None:
+    async def execute(self, tool_call_id: str, tenant: str) -> S | None:
         """Run the call if it is still ``authorized``; returns the recorded status, or
         None when the command was a duplicate or another worker got there first."""
-        return (await self.execute_many([tool_call_id])).get(tool_call_id)
+        return (await self.execute_many([(tenant, tool_call_id)])).get((tenant, tool_call_id))
 
-    async def execute_many(self, tool_call_ids: Iterable[str]) -> dict[str, S | None]:
-        """Run every named call that is still ``authorized``: one claim transaction,
-        the requests concurrently, one record transaction. Calls that were not claimed
-        (duplicates, already claimed or recorded) are absent from the result."""
-        claims = await self.claim_many(tool_call_ids)
+    async def execute_many(self, calls: Iterable[CallKey]) -> dict[CallKey, S | None]:
+        """Run every named call (``(tenant, tool_call_id)``) that is still
+        ``authorized``: one claim transaction, the requests concurrently, one record
+        transaction. Calls that were not claimed (duplicates, already claimed or
+        recorded) are absent from the result."""
+        claims = await self.claim_many(calls)
         if not claims:
             return {}
         return await self.run_many(claims)
 
-    async def claim(self, tool_call_id: str) -> Claim | None:
+    async def claim(self, tool_call_id: str, tenant: str) -> Claim | None:
         """Point A for one call: ``authorized -> dispatching`` under this worker's
         lease, committed; None when the call is not ``authorized``."""
-        claims = await self.claim_many([tool_call_id])
+        claims = await self.claim_many([(tenant, tool_call_id)])
         return claims[0] if claims else None
 
-    async def claim_many(self, tool_call_ids: Iterable[str]) -> list[Claim]:
+    async def claim_many(self, calls: Iterable[CallKey]) -> list[Claim]:
         """Point A for a batch, in one committed transaction. A call that is not
         ``authorized``, or whose capability is not registered, is left alone."""
-        moves = [BulkMove(tool_call_id) for tool_call_id in dict.fromkeys(tool_call_ids)]
+        moves = [BulkMove(call, tenant=tenant) for tenant, call in dict.fromkeys(calls)]
         if not moves:
             return []
         async with self._sessions() as session, session.begin():
@@ -114,6 +118,7 @@ class Executor:
         tool_call_id: str,
         capability: Capability,
         *,
+        tenant: str,
         expected: S,
         dispatch_attempts: int,
         event_type: EventType = EventType.TOOL_CALL_DISPATCHING,
@@ -134,6 +139,7 @@ class Executor:
                     fence.version,
                     {"dispatch_attempts": dispatch_attempts + 1},
                     payload or {},
+                    tenant=tenant,
                 )
             ],
             capabilities={capability.id: capability},
@@ -157,21 +163,21 @@ class Executor:
 
     async def run(self, claim: Claim) -> S | None:
         """Send a claimed call (its lease committed) and record the outcome."""
-        return (await self.run_many([claim])).get(claim.tool_call_id)
+        return (await self.run_many([claim])).get(claim.key)
 
-    async def run_many(self, claims: Sequence[Claim]) -> dict[str, S | None]:
+    async def run_many(self, claims: Sequence[Claim]) -> dict[CallKey, S | None]:
         """Send claimed calls (their leases committed) concurrently, then record every
         outcome in one transaction. None: not sent (lease lapsed) or not recorded
         (lease lost)."""
         self._crash.hit("after-claim")
-        statuses: dict[str, S | None] = {}
+        statuses: dict[CallKey, S | None] = {}
         live: list[Claim] = []
         now = time.monotonic()
         for claim in claims:
             if now - claim.claimed_at > claim.lease_seconds:
                 # Stalled before sending: the recovery sweep owns the call now.
                 log.warning("lease of %s lapsed before sending; not sending", claim.tool_call_id)
-                statuses[claim.tool_call_id] = None
+                statuses[claim.key] = None
             else:
                 live.append(claim)
         outcomes = await asyncio.gather(*(self._send(claim) for claim in live))
@@ -193,18 +199,18 @@ class Executor:
 
     async def record(self, claim: Claim, outcome: ProviderOutcome) -> S | None:
         """Point B for one call; None when its lease was lost."""
-        return (await self.record_many([Sent(claim, outcome)])).get(claim.tool_call_id)
+        return (await self.record_many([Sent(claim, outcome)])).get(claim.key)
 
-    async def record_many(self, sent: Sequence[Sent]) -> dict[str, S | None]:
+    async def record_many(self, sent: Sequence[Sent]) -> dict[CallKey, S | None]:
         """Point B: the outcomes, their events and outbox rows, in one transaction,
         each call fenced by its claim."""
         if not sent:
             return {}
         async with self._sessions() as session, session.begin():
             recorded = await self._recorder.record(session, sent)
-        statuses: dict[str, S | None] = {}
+        statuses: dict[CallKey, S | None] = {}
         for item in sent:
-            call = item.claim.tool_call_id
+            call = item.claim.key
             statuses[call] = recorded.get(call)
             if call not in recorded:
                 # Fenced out: our lease lapsed and the recovery sweep (or another

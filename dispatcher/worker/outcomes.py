@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import tool_calls
@@ -94,7 +94,7 @@ class OutcomeRecorder:
     producer: Producer
     topics: Topics
 
-    async def record(self, session: AsyncSession, sent: Sequence[Sent]) -> dict[str, S]:
+    async def record(self, session: AsyncSession, sent: Sequence[Sent]) -> dict[tuple[str, str], S]:
         """The status recorded per call; a call missing from the result was taken over."""
         groups: dict[_Class, list[Sent]] = {}
         for item in sent:
@@ -104,33 +104,34 @@ class OutcomeRecorder:
             # `completed`: it stops at `accepted` for the reconciler, which sees the
             # success and the compensation request and undoes the effect. Locked here so
             # a concurrent stop sees either this outcome or marks the call first.
-            undo = set(
-                (
+            undo = {
+                (r.tenant, r.tool_call_id)
+                for r in (
                     await session.execute(
-                        select(tool_calls.c.tool_call_id)
+                        select(tool_calls.c.tenant, tool_calls.c.tool_call_id)
                         .where(
-                            tool_calls.c.tool_call_id.in_(
-                                [i.claim.tool_call_id for i in groups[_Class.COMPLETED]]
+                            tuple_(tool_calls.c.tenant, tool_calls.c.tool_call_id).in_(
+                                [i.claim.key for i in groups[_Class.COMPLETED]]
                             ),
                             tool_calls.c.compensation_requested_at.is_not(None),
                         )
                         .with_for_update()
                     )
-                ).scalars()
-            )
+                ).all()
+            }
             if undo:
                 groups.setdefault(_Class.ACCEPTED, []).extend(
-                    i for i in groups[_Class.COMPLETED] if i.claim.tool_call_id in undo
+                    i for i in groups[_Class.COMPLETED] if i.claim.key in undo
                 )
                 groups[_Class.COMPLETED] = [
-                    i for i in groups[_Class.COMPLETED] if i.claim.tool_call_id not in undo
+                    i for i in groups[_Class.COMPLETED] if i.claim.key not in undo
                 ]
-        recorded: dict[str, S] = {}
+        recorded: dict[tuple[str, str], S] = {}
         for cls in _Class:  # a fixed order of statements, whatever the batch holds
             if not groups.get(cls):
                 continue
             status, moved = await self._write(session, cls, groups[cls])
-            recorded.update((m.row.tool_call_id, status) for m in moved)
+            recorded.update(((m.row.tenant, m.row.tool_call_id), status) for m in moved)
         return recorded
 
     async def _write(
@@ -187,7 +188,7 @@ class OutcomeRecorder:
     ) -> tuple[S, list[Moved]]:
         """The second step of a final answer: ``accepted`` -> completed or confirmed."""
         now = func.now()
-        by_id = {s.claim.tool_call_id: s for s in items}
+        by_key = {s.claim.key: s for s in items}
         if cls is _Class.COMPLETED:
             final, event = S.COMPLETED, EventType.TOOL_CALL_COMPLETED
             fields: dict[str, Any] = {
@@ -211,8 +212,9 @@ class OutcomeRecorder:
                 BulkMove(
                     m.row.tool_call_id,
                     m.row.version,
-                    values(by_id[m.row.tool_call_id]),
-                    _evidence(by_id[m.row.tool_call_id].outcome),
+                    values(by_key[(m.row.tenant, m.row.tool_call_id)]),
+                    _evidence(by_key[(m.row.tenant, m.row.tool_call_id)].outcome),
+                    tenant=m.row.tenant,
                 )
                 for m in accepted
             ],
@@ -252,6 +254,7 @@ class OutcomeRecorder:
                         **values(s),
                     },
                     _evidence(s.outcome),
+                    tenant=s.claim.tenant,
                 )
                 for s in items
             ],

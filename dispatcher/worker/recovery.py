@@ -123,6 +123,7 @@ async def _mark_unknown(session: AsyncSession, m: RowMapping, topics: Topics) ->
     await move(
         session,
         m["tool_call_id"],
+        tenant=m["tenant"],
         expected=S.DISPATCHING,
         target=S.RESULT_UNKNOWN,
         event_type=EventType.TOOL_CALL_RESULT_UNKNOWN,
@@ -145,6 +146,7 @@ async def _redispatch(session: AsyncSession, m: RowMapping, topics: Topics) -> N
     moved = await move(
         session,
         m["tool_call_id"],
+        tenant=m["tenant"],
         expected=S.DISPATCHING,
         target=S.AUTHORIZED,
         event_type=EventType.TOOL_CALL_REDISPATCHED,

@@ -98,10 +98,12 @@ async def _without_command(
 ) -> list[Row[Any]]:
     """Those of ``rows`` with no dispatch command waiting in the outbox or younger than
     ``threshold``."""
-    covered = set(
-        (
+    # The outbox key is the bare call id; the command's payload names the tenant.
+    covered = {
+        (r.tenant, r.key)
+        for r in (
             await session.execute(
-                select(outbox.c.key)
+                select(outbox.c.payload["tenant"].astext.label("tenant"), outbox.c.key)
                 .distinct()
                 .where(
                     outbox.c.key.in_([r.tool_call_id for r in rows]),
@@ -109,9 +111,9 @@ async def _without_command(
                     outbox.c.published_at.is_(None) | (outbox.c.created_at >= threshold),
                 )
             )
-        ).scalars()
-    )
-    return [r for r in rows if r.tool_call_id not in covered]
+        ).all()
+    }
+    return [r for r in rows if (r.tenant, r.tool_call_id) not in covered]
 
 
 async def _write_again(

@@ -88,7 +88,7 @@ async def test_submit_with_own_tool_call_id_is_idempotent(client: DispatcherClie
 
     assert first.created and not again.created
     assert first.view.tool_call_id == again.view.tool_call_id == "run-1.toolu_01"
-    assert first.view.idempotency_key == "run-1.toolu_01"
+    assert first.view.idempotency_key == "acme:run-1.toolu_01"  # qualified by its tenant
     assert (await client.get("run-1.toolu_01")).status == "authorized"
 
 
@@ -125,12 +125,12 @@ async def test_wait_returns_the_recorded_outcome_once_settled(
         await eventually(in_flight, what="the long-poll to read the call")
     finally:
         event.remove(engine.sync_engine, "after_cursor_execute", seen)
-    await executor.execute("tc-wait")
+    await executor.execute("tc-wait", "acme")
 
     view = await waiting
     assert view.status == "completed"
     assert view.result == {"echo": {"to": "b@example.com"}}
-    assert (await books(sandbox.url))["effects"] == {"tc-wait": 1}
+    assert (await books(sandbox.url))["effects"] == {"acme:tc-wait": 1}
 
 
 async def test_wait_times_out_with_the_last_state(client: DispatcherClient) -> None:
@@ -207,7 +207,7 @@ async def test_approve_reject_stop_and_retry(
         with pytest.raises(RunStopped):
             await client.submit(send("tc-late", run_id="run-3"))
 
-    await executor.execute("tc-big")
+    await executor.execute("tc-big", "acme")
     assert (await client.wait("tc-big", within=30)).status == "completed"
 
 
@@ -215,14 +215,14 @@ async def test_retry_a_failed_call(
     client: DispatcherClient, base_url: str, executor: Executor
 ) -> None:
     await client.submit(send("tc-fails", input={"simulate": "fail"}))
-    await executor.execute("tc-fails")
+    await executor.execute("tc-fails", "acme")
     assert (await client.wait("tc-fails", within=30)).status == "failed"
 
     async with DispatcherClient(base_url, OPERATOR) as operator:
         retried = await operator.retry("tc-fails", "provider fixed")
 
     assert retried.status == "authorized"
-    assert retried.idempotency_key == "tc-fails"
+    assert retried.idempotency_key == "acme:tc-fails"
 
 
 async def approvals(base_url: str) -> list[dict[str, Any]]:
@@ -247,7 +247,7 @@ async def test_sync_client_outside_an_event_loop(base_url: str, executor: Execut
             return first.created, again.created, sync.get("tc-sync").status
 
     assert await asyncio.to_thread(producer) == (True, False, "authorized")
-    await executor.execute("tc-sync")
+    await executor.execute("tc-sync", "acme")
 
     def waiter() -> str:
         with SyncDispatcherClient(base_url, ALICE) as sync:

@@ -310,7 +310,7 @@ async def dispatch_slowly(
         worker_id="w",
         topics=DEFAULT_TOPICS,
     )
-    running = asyncio.create_task(executor.execute(call))
+    running = asyncio.create_task(executor.execute(call, "acme"))
 
     async def received() -> bool:
         if running.done():

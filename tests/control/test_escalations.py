@@ -43,6 +43,7 @@ async def escalated_call(sessions: async_sessionmaker[AsyncSession], key: str) -
         view = await escalate(
             session,
             call,
+            tenant="acme",
             expected=S.RESULT_UNKNOWN,
             reason="lookups kept timing out",
             evidence={"lastAnswer": {"observation": "lookup_failed"}},

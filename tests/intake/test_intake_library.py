@@ -307,7 +307,8 @@ async def test_capability_without_template_is_keyed_by_its_tool_call_id(
     sessions: Sessions, registry: CapabilityRegistry
 ) -> None:
     submission = await _submit(sessions, registry, email(key=None))  # type: ignore[arg-type]
-    assert submission.view.idempotency_key == submission.view.tool_call_id
+    # Qualified by the tenant: another tenant may use the same toolCallId.
+    assert submission.view.idempotency_key == f"acme:{submission.view.tool_call_id}"
 
 
 async def test_reusing_a_tool_call_id_under_another_key_is_refused(
@@ -419,4 +420,5 @@ async def test_submit_many_never_answers_one_tenant_with_another_tenants_call(
     for (request, _), outcome in zip(items, outcomes, strict=True):
         if isinstance(outcome, Submission):
             assert outcome.view.input == request.input, "answered with another tenant's call"
-    assert sum(isinstance(o, ToolCallIdConflict) for o in outcomes) == 1
+    # A toolCallId is per tenant: each tenant's call-1 is its own, and both are created.
+    assert all(isinstance(o, Submission) and o.created for o in outcomes), outcomes

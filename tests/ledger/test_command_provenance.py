@@ -108,7 +108,7 @@ async def by_recovery(sessions: Sessions, registry: CapabilityRegistry) -> str:
         executor = Executor(
             sessions, registry, ProviderClient(http), worker_id="w-dead", topics=DEFAULT_TOPICS
         )
-        assert await executor.claim(call) is not None  # the worker dies here
+        assert await executor.claim(call, "acme") is not None  # the worker dies here
     async with sessions() as session, session.begin():
         await session.execute(
             update(tool_calls).values(lease_expires_at=text("now() - interval '1 second'"))
@@ -181,8 +181,13 @@ async def test_a_mover_gets_back_the_events_it_recorded(
     }
     async with sessions() as session, session.begin():
         moved = [
-            await move(session, one, **cancel),
-            *await move_many(session, [BulkMove(two), BulkMove(three)], lease_owner=None, **cancel),
+            await move(session, one, tenant="acme", **cancel),
+            *await move_many(
+                session,
+                [BulkMove(two, tenant="acme"), BulkMove(three, tenant="acme")],
+                lease_owner=None,
+                **cancel,
+            ),
         ]
 
     assert sorted(m.row.tool_call_id for m in moved) == sorted([one, two, three])

@@ -106,7 +106,7 @@ async def scenario(
     # Approvals: granted then dispatched, rejected, expired.
     granted = await submit_call(sessions, registry, "approve-me", {"n": 1}, run_id="run-a")
     await decide(granted, "approve")
-    assert await executor.execute(granted) is S.COMPLETED
+    assert await executor.execute(granted, "acme") is S.COMPLETED
     await decide(
         await submit_call(sessions, registry, "approve-me", {"n": 2}, run_id="run-a"), "reject"
     )
@@ -117,25 +117,28 @@ async def scenario(
 
     # Dispatch: a definitive failure, retried by an operator with a new key.
     failed = await submit_call(sessions, registry, "send", {"simulate": "fail"}, run_id="run-b")
-    assert await executor.execute(failed) is S.FAILED
+    assert await executor.execute(failed, "acme") is S.FAILED
     async with sessions() as session, session.begin():
         await control.retry_call(
             session, failed, RetryRequest(reason="transient", new_idempotency_key=True),
             tenant="acme", actor=BOB,
         )  # fmt: skip
-    assert await executor.execute(failed) is S.FAILED
+    assert await executor.execute(failed, "acme") is S.FAILED
     pending = await submit_call(
         sessions, registry, "refund", {"simulate": "pending", "pendingLookups": 1}, run_id="run-b"
     )
-    assert await executor.execute(pending) is S.ACCEPTED
+    assert await executor.execute(pending, "acme") is S.ACCEPTED
 
     # Recovery: a read-only call and a side-effecting one whose worker died.
     ro = await submit_call(sessions, registry, "lookup", {"n": 5}, run_id="run-c")
     se = await submit_call(sessions, registry, "send", {"n": 6}, run_id="run-c")
-    assert await executor.claim(ro) is not None and await executor.claim(se) is not None
+    assert (
+        await executor.claim(ro, "acme") is not None
+        and await executor.claim(se, "acme") is not None
+    )
     await expire_leases(sessions)
     await recover_expired(sessions, registry, topics=DEFAULT_TOPICS)
-    assert await executor.execute(ro) is S.COMPLETED
+    assert await executor.execute(ro, "acme") is S.COMPLETED
 
     # Redrive: an authorized call whose published command the broker then lost.
     lost = await submit_call(sessions, registry, "send", {"n": 7}, run_id="run-c")
@@ -150,7 +153,7 @@ async def scenario(
             tool_calls.update().where(tool_calls.c.tool_call_id == lost).values(updated_at=long_ago)
         )
     assert await redrive_stale(sessions, topics=DEFAULT_TOPICS, older_than_seconds=60) == [lost]
-    assert await executor.execute(lost) is S.COMPLETED
+    assert await executor.execute(lost, "acme") is S.COMPLETED
 
     # Reconciler: confirmation, escalation (cannot be looked up), compensation of a
     # stopped run's call.

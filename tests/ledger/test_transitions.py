@@ -80,6 +80,7 @@ async def _dispatch(
         moved = await move(
             session,
             tool_call_id,
+            tenant="acme",
             expected=S.AUTHORIZED,
             target=S.DISPATCHING,
             event_type=EventType.TOOL_CALL_DISPATCHING,
@@ -122,6 +123,7 @@ async def test_rolled_back_move_leaves_neither_state_nor_event(
             await move(
                 session,
                 call_id,
+                tenant="acme",
                 expected=S.AUTHORIZED,
                 target=S.DISPATCHING,
                 event_type=EventType.TOOL_CALL_DISPATCHING,
@@ -140,6 +142,7 @@ async def test_illegal_move_raises_and_writes_nothing(sessions: Sessions, call_i
             await move(
                 session,
                 call_id,
+                tenant="acme",
                 expected=S.AUTHORIZED,
                 target=S.COMPLETED,
                 event_type=EventType.TOOL_CALL_COMPLETED,
@@ -150,6 +153,7 @@ async def test_illegal_move_raises_and_writes_nothing(sessions: Sessions, call_i
             await move(
                 session,
                 call_id,
+                tenant="acme",
                 expected=[S.DISPATCHING, S.AUTHORIZED],
                 target=S.COMPLETED,
                 event_type=EventType.TOOL_CALL_COMPLETED,
@@ -169,6 +173,7 @@ async def test_move_from_a_state_the_call_is_not_in_conflicts(
             await move(
                 session,
                 call_id,
+                tenant="acme",
                 expected=S.DISPATCHING,
                 target=S.COMPLETED,
                 event_type=EventType.TOOL_CALL_COMPLETED,
@@ -186,6 +191,7 @@ async def test_move_of_an_unknown_call_conflicts(sessions: Sessions) -> None:
             await move(
                 session,
                 "no-such-call",
+                tenant="acme",
                 expected=S.AUTHORIZED,
                 target=S.DISPATCHING,
                 event_type=EventType.TOOL_CALL_DISPATCHING,
@@ -201,6 +207,7 @@ async def _complete(sessions: Sessions, tool_call_id: str, **fence: Any) -> Any:
         moved = await move(
             session,
             tool_call_id,
+            tenant="acme",
             expected=S.DISPATCHING,
             target=S.COMPLETED,
             event_type=EventType.TOOL_CALL_COMPLETED,
@@ -260,6 +267,7 @@ async def test_a_mover_blocked_on_the_row_lock_loses_when_the_holder_commits(
                 row = await move(
                     session,
                     call_id,
+                    tenant="acme",
                     expected=S.AUTHORIZED,
                     target=S.DISPATCHING,
                     event_type=EventType.TOOL_CALL_DISPATCHING,

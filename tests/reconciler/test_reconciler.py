@@ -117,7 +117,7 @@ async def test_a_call_marked_unknown_before_it_was_sent_is_sent_once(
     executor = Executor(
         sessions, registry, ProviderClient(http), worker_id="w-dead", topics=Topics(events="events")
     )
-    assert await executor.claim(call) is not None  # the worker dies before sending
+    assert await executor.claim(call, "acme") is not None  # the worker dies before sending
     await expire_leases(sessions)
     report = await recover_expired(sessions, registry, topics=Topics(events="events"))
     assert report.marked_unknown == [call]
@@ -218,7 +218,7 @@ async def test_accepted_pending_call_is_confirmed_once_the_provider_finishes(
     executor = Executor(
         sessions, registry, ProviderClient(http), worker_id="w", topics=Topics(events="events")
     )
-    assert (await executor.execute(call)).value == "accepted"  # type: ignore[union-attr]
+    assert (await executor.execute(call, "acme")).value == "accepted"  # type: ignore[union-attr]
     await make_due(sessions)
 
     tally = await until_settled(new_reconciler(sessions, registry, http))
@@ -248,8 +248,12 @@ async def test_compensation_requested_while_unknown_undoes_the_effect_once(
         sessions, registry, http, sandbox.url, "refund", "k-stop", {"kind": "drop_after_apply"}
     )
     async with sessions() as session, session.begin():
-        assert await request_compensation(session, call, reason="run stopped", producer="test")
-        assert not await request_compensation(session, call, reason="again", producer="test")
+        assert await request_compensation(
+            session, call, tenant="acme", reason="run stopped", producer="test"
+        )
+        assert not await request_compensation(
+            session, call, tenant="acme", reason="again", producer="test"
+        )
     # The first compensation's answer is lost: the next pass sends it again (same key).
     await add_fault(
         sandbox.url,

@@ -63,7 +63,7 @@ async def test_final_success_is_accepted_then_completed(
 ) -> None:
     call = await submit_call(sessions, registry, "refund", {"orderId": "o-1"}, key="refund:o-1")
 
-    assert await make_executor().execute(call) is S.COMPLETED
+    assert await make_executor().execute(call, "acme") is S.COMPLETED
 
     row = await call_row(sessions, call)
     assert row["status"] == "completed"
@@ -94,7 +94,7 @@ async def test_provider_reported_failure_is_failed_and_confirmed(
     make_executor: MakeExecutor,
 ) -> None:
     call = await submit_call(sessions, registry, "refund", {"simulate": "fail"}, key="k-fail")
-    assert await make_executor().execute(call) is S.FAILED
+    assert await make_executor().execute(call, "acme") is S.FAILED
     row = await call_row(sessions, call)
     assert row["verification_status"] == "confirmed_failure"
     assert "failure" in row["last_error"]
@@ -108,7 +108,7 @@ async def test_pending_is_accepted_and_left_to_the_reconciler(
     make_executor: MakeExecutor,
 ) -> None:
     call = await submit_call(sessions, registry, "refund", {"simulate": "pending"}, key="k-p")
-    assert await make_executor().execute(call) is S.ACCEPTED
+    assert await make_executor().execute(call, "acme") is S.ACCEPTED
     row = await call_row(sessions, call)
     assert row["reconciliation_status"] == "pending"
     assert row["verification_status"] == "pending"
@@ -124,7 +124,7 @@ async def test_invalid_request_fails_without_retry(
     make_executor: MakeExecutor,
 ) -> None:
     call = await submit_call(sessions, registry, "refund", {"simulate": "invalid"}, key="k-bad")
-    assert await make_executor().execute(call) is S.FAILED
+    assert await make_executor().execute(call, "acme") is S.FAILED
     row = await call_row(sessions, call)
     assert "HTTP 400" in row["last_error"]
     assert (await books(sandbox.url))["received"] == {"k-bad": 1}
@@ -136,7 +136,7 @@ async def test_connection_refused_is_retried_then_failed_as_not_sent(
     make_executor: MakeExecutor,
 ) -> None:
     call = await submit_call(sessions, registry, "refund-nowhere", {}, key="k-nowhere")
-    assert await make_executor().execute(call) is S.FAILED
+    assert await make_executor().execute(call, "acme") is S.FAILED
     row = await call_row(sessions, call)
     assert row["verification_status"] == "not_observed"
     assert "ConnectError" in row["last_error"]
@@ -155,7 +155,7 @@ async def test_throttling_is_retried_with_the_same_key(
         sandbox.url, {"kind": kind, "idempotencyKey": "k-thr", "times": 2, "retryAfter": 0}
     )
     call = await submit_call(sessions, registry, "refund", {"n": 1}, key="k-thr")
-    assert await make_executor().execute(call) is S.COMPLETED
+    assert await make_executor().execute(call, "acme") is S.COMPLETED
     counts = await books(sandbox.url)
     assert counts["received"] == {"k-thr": 3}
     assert counts["effects"] == {"k-thr": 1}
@@ -183,7 +183,7 @@ async def test_sent_without_a_definitive_answer_is_result_unknown_never_retried(
     await add_fault(sandbox.url, {**rule, "idempotencyKey": "k-unk"})
     call = await submit_call(sessions, registry, cap, {"n": 1}, key="k-unk")
 
-    assert await make_executor().execute(call) is S.RESULT_UNKNOWN
+    assert await make_executor().execute(call, "acme") is S.RESULT_UNKNOWN
 
     row = await call_row(sessions, call)
     assert row["reconciliation_status"] == "pending"
@@ -201,7 +201,7 @@ async def test_read_only_capability_is_simply_retried_on_a_lost_response(
 ) -> None:
     await add_fault(sandbox.url, {"kind": "drop_after_apply", "idempotencyKey": "k-ro", "times": 1})
     call = await submit_call(sessions, registry, "lookup", {"orderId": "o-9"}, key="k-ro")
-    assert await make_executor().execute(call) is S.COMPLETED
+    assert await make_executor().execute(call, "acme") is S.COMPLETED
     assert (await books(sandbox.url))["received"] == {"k-ro": 2}
 
 
@@ -213,7 +213,7 @@ async def test_a_duplicate_command_is_dropped_by_the_call_state(
 ) -> None:
     call = await submit_call(sessions, registry, "refund", {"n": 2}, key="k-dup")
     executor = make_executor()
-    assert await executor.execute(call) is S.COMPLETED
-    assert await executor.execute(call) is None
-    assert await make_executor("worker-b").execute(call) is None
+    assert await executor.execute(call, "acme") is S.COMPLETED
+    assert await executor.execute(call, "acme") is None
+    assert await make_executor("worker-b").execute(call, "acme") is None
     assert (await books(sandbox.url))["received"] == {"k-dup": 1}

@@ -72,17 +72,17 @@ async def test_only_the_authorized_calls_of_a_batch_are_claimed_once(
 ) -> None:
     fresh_a, fresh_b, fresh_c, done, held, cancelled = await submit_calls(sessions, registry, 6)
     worker = executor_of(sessions, registry, http, "worker-a")
-    assert await worker.execute(done) is S.COMPLETED
-    assert await executor_of(sessions, registry, http, "worker-b").claim(held) is not None
+    assert await worker.execute(done, "acme") is S.COMPLETED
+    assert await executor_of(sessions, registry, http, "worker-b").claim(held, "acme") is not None
     await set_status(sessions, cancelled, "cancelled")
     before = {call: await event_types(sessions, call) for call in (done, held, cancelled)}
 
     # A redelivered fetch: duplicates, a finished call, one another worker holds, one
     # that is no longer authorized, and one that does not exist.
     batch = [fresh_a, fresh_a, done, fresh_b, held, cancelled, "no-such-call", fresh_c, fresh_b]
-    statuses = await worker.execute_many(batch)
+    statuses = await worker.execute_many([("acme", call) for call in batch])
 
-    assert statuses == {fresh_a: S.COMPLETED, fresh_b: S.COMPLETED, fresh_c: S.COMPLETED}
+    assert statuses == {("acme", c): S.COMPLETED for c in (fresh_a, fresh_b, fresh_c)}
     for call in (fresh_a, fresh_b, fresh_c):
         assert (await event_types(sessions, call))[2:] == [
             "tool.call.dispatching",
@@ -106,7 +106,7 @@ async def test_a_taken_over_call_is_not_recorded_and_the_rest_of_its_batch_is(
 ) -> None:
     calls = await submit_calls(sessions, registry, 3)
     worker = executor_of(sessions, registry, http, "worker-a")
-    claims = await worker.claim_many(calls)
+    claims = await worker.claim_many([("acme", c) for c in calls])
     assert sorted(c.tool_call_id for c in claims) == sorted(calls)
     lost = calls[1]
     # The worker stalls; its lease on one call lapses and the sweep takes it over.
@@ -126,7 +126,11 @@ async def test_a_taken_over_call_is_not_recorded_and_the_rest_of_its_batch_is(
     ]
     statuses = await worker.record_many(answers)
 
-    assert statuses == {calls[0]: S.COMPLETED, lost: None, calls[2]: S.COMPLETED}
+    assert statuses == {
+        ("acme", calls[0]): S.COMPLETED,
+        ("acme", lost): None,
+        ("acme", calls[2]): S.COMPLETED,
+    }
     row = await call_row(sessions, lost)
     assert row["status"] == "result_unknown" and row["external_request_id"] is None
     assert await event_types(sessions, lost) == taken_over
@@ -141,7 +145,7 @@ async def test_every_outcome_class_is_recorded_in_one_batch(
 ) -> None:
     calls = await submit_calls(sessions, registry, 5)
     worker = executor_of(sessions, registry, http, "worker-a")
-    claims = {c.tool_call_id: c for c in await worker.claim_many(calls)}
+    claims = {c.tool_call_id: c for c in await worker.claim_many([("acme", c) for c in calls])}
     outcomes = [
         ProviderOutcome(OutcomeKind.COMPLETED, 1, 200, "req-1", {"done": True}),
         ProviderOutcome(OutcomeKind.ACCEPTED, 1, 202, "req-2"),
@@ -154,7 +158,7 @@ async def test_every_outcome_class_is_recorded_in_one_batch(
         [Sent(claims[call], outcome) for call, outcome in zip(calls, outcomes, strict=True)]
     )
 
-    assert [statuses[c] for c in calls] == [
+    assert [statuses[("acme", c)] for c in calls] == [
         S.COMPLETED,
         S.ACCEPTED,
         S.FAILED,
@@ -198,6 +202,8 @@ async def test_a_call_of_an_unregistered_capability_is_left_authorized(
             .where(tool_calls.c.tool_call_id == unknown)
             .values(capability_id="gone")
         )
-    claims = await executor_of(sessions, registry, http, "worker-a").claim_many([known, unknown])
+    claims = await executor_of(sessions, registry, http, "worker-a").claim_many(
+        [("acme", known), ("acme", unknown)]
+    )
     assert [c.tool_call_id for c in claims] == [known]
     assert (await call_row(sessions, unknown))["status"] == "authorized"

@@ -86,7 +86,7 @@ async def test_secret_is_sent_but_never_stored_or_logged(
             worker_id="w",
             topics=DEFAULT_TOPICS,
         )
-        assert await executor.execute(call) is S.COMPLETED
+        assert await executor.execute(call, "acme") is S.COMPLETED
 
     [sent] = provider.headers
     assert sent["authorization"] == f"Bearer {SECRET}"

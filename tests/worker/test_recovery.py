@@ -60,7 +60,7 @@ async def test_side_effecting_call_of_a_dead_worker_becomes_result_unknown(
     sandbox: SandboxServer,
 ) -> None:
     call = await submit_call(sessions, registry, "refund", {"n": 1}, key="k-1")
-    assert await executor.claim(call) is not None  # the worker "dies" here
+    assert await executor.claim(call, "acme") is not None  # the worker "dies" here
     assert await sweep(sessions, registry) == ([], [])  # lease still valid: untouched
 
     await expire_leases(sessions)
@@ -83,7 +83,7 @@ async def test_read_only_call_of_a_dead_worker_is_dispatched_again(
     executor: Executor,
 ) -> None:
     call = await submit_call(sessions, registry, "lookup", {"n": 1}, key="k-ro")
-    assert await executor.claim(call) is not None
+    assert await executor.claim(call, "acme") is not None
     await expire_leases(sessions)
 
     assert await sweep(sessions, registry) == ([call], [])
@@ -91,7 +91,7 @@ async def test_read_only_call_of_a_dead_worker_is_dispatched_again(
     assert (await call_row(sessions, call))["status"] == "authorized"
     commands = [r for r in await outbox_rows(sessions, DEFAULT_TOPICS.dispatch) if r["key"] == call]
     assert len(commands) == 2  # the original and the re-dispatch
-    assert await executor.execute(call) is S.COMPLETED
+    assert await executor.execute(call, "acme") is S.COMPLETED
 
 
 async def test_a_stalled_worker_is_fenced_out_after_takeover(
@@ -100,7 +100,7 @@ async def test_a_stalled_worker_is_fenced_out_after_takeover(
     executor: Executor,
 ) -> None:
     call = await submit_call(sessions, registry, "refund", {"n": 1}, key="k-zombie")
-    claim = await executor.claim(call)
+    claim = await executor.claim(call, "acme")
     assert claim is not None
     await expire_leases(sessions)
     assert await sweep(sessions, registry) == ([], [call])
@@ -123,10 +123,10 @@ async def test_a_recorded_outcome_is_never_run_again(
     sandbox: SandboxServer,
 ) -> None:
     call = await submit_call(sessions, registry, "refund", {"n": 1}, key="k-done")
-    assert await executor.execute(call) is S.COMPLETED
+    assert await executor.execute(call, "acme") is S.COMPLETED
     await expire_leases(sessions)
     assert await sweep(sessions, registry) == ([], [])
-    assert await executor.execute(call) is None  # a redelivered command
+    assert await executor.execute(call, "acme") is None  # a redelivered command
     assert (await books(sandbox.url))["effects"] == {"k-done": 1}
 
 
@@ -139,7 +139,7 @@ async def test_concurrent_sweepers_take_each_call_once(
         await submit_call(sessions, registry, "refund", {"n": i}, key=f"k-{i}") for i in range(20)
     ]
     for call in calls:
-        assert await executor.claim(call) is not None
+        assert await executor.claim(call, "acme") is not None
     await expire_leases(sessions)
 
     reports = await asyncio.gather(*(sweep(sessions, registry) for _ in range(4)))
