@@ -25,6 +25,7 @@ from schemathesis import GenerationMode
 
 from dispatcher.api.app import create_app
 from dispatcher.api.server import api_server
+from dispatcher.api.tool_calls import MAX_WAIT_SECONDS
 from dispatcher.settings import load_settings
 from dispatcher.testing.databases import create_database, drop_database, unique_name
 from dispatcher.testing.embedded import free_port
@@ -136,7 +137,8 @@ def test_every_answer_matches_the_document(case: schemathesis.Case, served: str)
             # keys on nothing in the input), so calls are recorded and their 201 and
             # their approvals are checked too, not only 404 capability_not_found.
             case.body["capabilityId"] = RECORDABLE[len(case.body) % len(RECORDABLE)]
-    case.call_and_validate(base_url=served)
+    # A long-poll may hold its answer up to MAX_WAIT_SECONDS: wait longer than that.
+    case.call_and_validate(base_url=served, timeout=MAX_WAIT_SECONDS + 10)
 
 
 def test_the_server_serves_it(served: str) -> None:
