@@ -17,6 +17,7 @@ from urllib.parse import quote
 import httpx
 
 from dispatcher.capabilities import Capability, Endpoint
+from dispatcher.provider.client import UNBUILDABLE
 from dispatcher.provider.contract import (
     ProviderState,
     credential_headers,
@@ -140,6 +141,9 @@ class ProviderLookup:
             )
         except httpx.HTTPError as exc:
             return Answer(Observation.LOOKUP_FAILED, via, error=f"lookup: {type(exc).__name__}")
+        except UNBUILDABLE as exc:
+            error = f"lookup: request could not be built ({type(exc).__name__}); nothing was sent"
+            return Answer(Observation.LOOKUP_FAILED, via, error=error)
         return _classify(response, via)
 
     async def compensate(
@@ -163,6 +167,12 @@ class ProviderLookup:
             )
         except httpx.HTTPError as exc:
             return CompensationAnswer(Reversal.UNKNOWN, error=f"compensation: {type(exc).__name__}")
+        except UNBUILDABLE as exc:
+            # Provably not sent, and it never will be: asking again cannot help.
+            why = (
+                f"compensation: request could not be built ({type(exc).__name__}); nothing was sent"
+            )
+            return CompensationAnswer(Reversal.REFUSED, error=why)
         status, body = response.status_code, read_json(response)
         if 200 <= status < 300:
             return CompensationAnswer(Reversal.DONE, status, body)

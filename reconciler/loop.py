@@ -38,6 +38,7 @@ from reconciler import metrics
 from reconciler.due import DueCall, claim_due, database_now
 from reconciler.lookup import (
     Answer,
+    CompensationAnswer,
     ProviderLookup,
     Reversal,
     lookup_urls,
@@ -169,9 +170,19 @@ class Reconciler:
         for item in await asyncio.gather(*(self._compensate(*c) for c in compensations)):
             _put(batch, item)
         await self._record(batch, tally)
-        outcomes = await asyncio.gather(*(self._redispatch(*r) for r in redispatches))
-        tally.add("redispatched", sum(1 for ok in outcomes if ok))
-        tally.add("taken_over", sum(1 for ok in outcomes if not ok))
+        # Each re-send in its own transactions: one that raises leaves its call to the
+        # recovery sweep (its lease) or to the next pass, and the others go on.
+        outcomes = await asyncio.gather(
+            *(self._redispatch(*r) for r in redispatches), return_exceptions=True
+        )
+        for (call, _, _), outcome in zip(redispatches, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, Exception):
+                    raise outcome  # cancelled: the pass stops
+                log.error("re-sending %s failed", call.tool_call_id, exc_info=outcome)
+        tally.add("redispatched", sum(1 for ok in outcomes if ok is True))
+        tally.add("taken_over", sum(1 for ok in outcomes if ok is False))
+        tally.add("redispatch_failed", sum(1 for ok in outcomes if isinstance(ok, Exception)))
         return len(calls)
 
     async def _look(self, call: DueCall) -> tuple[Capability | None, Answer]:
@@ -180,13 +191,20 @@ class Reconciler:
         except CapabilityNotFound:
             return None, Answer(Observation.UNKNOWABLE, "none", error="capability not registered")
         window = capability.reconcile.idempotency_window_seconds
-        async with self._in_flight:
-            answer = await self._lookup.look_up(
-                capability,
-                external_request_id=call.external_request_id,
-                idempotency_key=call.idempotency_key,
-                key_still_remembered=call.age_seconds < window,
-            )
+        try:
+            async with self._in_flight:
+                answer = await self._lookup.look_up(
+                    capability,
+                    external_request_id=call.external_request_id,
+                    idempotency_key=call.idempotency_key,
+                    key_still_remembered=call.age_seconds < window,
+                )
+        except Exception as exc:
+            # This call's own evidence, not the pass's end: a lookup is a read, so the
+            # call is simply not settled yet (retried, then escalated by policy).
+            log.exception("looking up %s failed", call.tool_call_id)
+            error = f"lookup could not be made: {type(exc).__name__}"
+            answer = Answer(Observation.LOOKUP_FAILED, "none", error=error)
         if answer.observation is Observation.LOOKUP_FAILED:
             metrics.LOOKUP_ERRORS.labels(capability.id).inc()
         return capability, answer
@@ -240,9 +258,18 @@ class Reconciler:
         if external_id is None:
             why = "compensation needed, but the provider's request id is unknown"
             return "escalate", (call, why, self._dossier(call, capability, answer))
-        async with self._in_flight:
-            reply = await self._lookup.compensate(
-                capability, external_request_id=external_id, idempotency_key=call.idempotency_key
+        try:
+            async with self._in_flight:
+                reply = await self._lookup.compensate(
+                    capability,
+                    external_request_id=external_id,
+                    idempotency_key=call.idempotency_key,
+                )
+        except Exception as exc:
+            # It may have been sent: no definitive answer, asked again (same key).
+            log.exception("compensating %s failed", call.tool_call_id)
+            reply = CompensationAnswer(
+                Reversal.UNKNOWN, error=f"compensation: {type(exc).__name__}"
             )
         evidence = {**evidence, "compensation": reply.evidence()}
         if reply.outcome is Reversal.DONE:

@@ -12,8 +12,10 @@ from fastapi.responses import JSONResponse
 from pydantic.alias_generators import to_camel
 from sqlalchemy import exc as sa
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
-from dispatcher.db.errors import DbErrorClass, classify
+from dispatcher.db.errors import REFUSED_INPUT, DbErrorClass, classify, refusal, sqlstate
 from dispatcher.errors import DispatcherError, InternalError, ServiceUnavailable, ValidationFailed
 from dispatcher.metrics import INTAKE_SUBMISSIONS
 
@@ -57,17 +59,32 @@ def _internal() -> JSONResponse:
     )
 
 
-# What answers 503 (safe to retry): what a later try may cure, and program limits,
-# which have always answered 503 like every OperationalError (whether they are the
-# client's fault, a 400, is not decided here yet). Data errors and bugs answer 500.
+# What answers 503 (safe to retry): what a later try may cure. What the request's own
+# data caused (a value a type rejects, a server limit such as the btree row size)
+# answers 400: sending it again fails again. Constraint violations and bugs answer 500.
 _UNAVAILABLE = frozenset(
     {
         DbErrorClass.UNAVAILABLE,
         DbErrorClass.CONTENTION,
         DbErrorClass.TRANSIENT,
-        DbErrorClass.PROGRAM_LIMIT,
     }
 )
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _methods_of(app: FastAPI, request: Request) -> list[str]:
+    """Every method some route of the app serves on the request's path. Asked of the
+    routes themselves (``matches``), so routers included in the app answer too."""
+    return [
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] is Match.FULL
+            for route in app.router.routes
+        )
+    ]
 
 
 def install(app: FastAPI) -> None:
@@ -100,10 +117,34 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         code, title = _HTTP_CODES.get(exc.status_code, ("http_error", "HTTP error"))
-        return _problem(exc.status_code, code, title, str(exc.detail))
+        response = _problem(exc.status_code, code, title, str(exc.detail))
+        if exc.status_code == 405:
+            # Starlette's own Allow names the methods of the first route of the path
+            # only; a path served by several routes (GET and POST /v1/tool-calls) has
+            # the methods of them all.
+            response.headers["Allow"] = ", ".join(_methods_of(app, request))
+        return response
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # No one is left to read an answer; it is there for the request metrics, as
+        # 499 "client closed request" (nginx's convention), not as a failure of ours.
+        log.info("client closed %s %s before sending its body", request.method, request.url.path)
+        return _problem(
+            499, "client_closed_request", "Client closed request", "the body did not arrive"
+        )
 
     async def database_error(request: Request, exc: Exception) -> JSONResponse:
-        if classify(exc) not in _UNAVAILABLE:
+        kind = classify(exc)
+        if kind in REFUSED_INPUT:
+            # The answer intake gives a submission the database refused.
+            log.info("database refused %s %s: %s", request.method, request.url.path, refusal(exc))
+            return answer(
+                ValidationFailed(
+                    f"the database refused the request: {refusal(exc)}", sqlstate=sqlstate(exc)
+                )
+            )
+        if kind not in _UNAVAILABLE:
             raise exc  # a bug: on to ``unexpected`` and its 500
         # The answer intake gives (dispatcher.intake.batcher), so a client has one rule:
         # 503 service_unavailable is safe to retry. A warning without a traceback: an

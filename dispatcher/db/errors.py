@@ -30,8 +30,12 @@ class DbErrorClass(StrEnum):
     PROGRAM_LIMIT = "program_limit"
     """The statement exceeds a server limit (class 54): the same statement fails again."""
     DATA = "data"
-    """The server refused the data: a value its type rejects (class 22) or a violated
-    constraint (class 23)."""
+    """The server refused the data: a value its type rejects (class 22: a NUL or an
+    untranslatable character in text or jsonb, a number out of range, bad JSON). The
+    same data fails again: the input is at fault."""
+    CONSTRAINT = "constraint"
+    """A violated constraint (class 23). Input that passed validation violates none the
+    program does not handle itself, so one reaching a caller is the program's fault."""
     OTHER = "other"
     """Everything else: a bug (class 42, an internal error), or no database error at all."""
 
@@ -41,6 +45,10 @@ class DbErrorClass(StrEnum):
 _SERVER_GOING = frozenset({"57P01", "57P02", "57P03"})
 _CONTENTION = frozenset({"40001", "40P01"})
 _OPERATIONAL = (sa.OperationalError, psycopg.OperationalError)
+
+REFUSED_INPUT = frozenset({DbErrorClass.DATA, DbErrorClass.PROGRAM_LIMIT})
+"""The kinds that say the statement's data is at fault, not the service: the same
+request fails again however often it is sent (an API answers them 400)."""
 
 
 def classify(exc: BaseException) -> DbErrorClass:
@@ -63,20 +71,40 @@ def classify(exc: BaseException) -> DbErrorClass:
 
 
 def _by_sqlstate(exc: sa.DBAPIError | psycopg.Error) -> DbErrorClass:
-    driver_error = exc.orig if isinstance(exc, sa.DBAPIError) else exc
-    sqlstate = getattr(driver_error, "sqlstate", None)
-    if not isinstance(sqlstate, str):
+    code = sqlstate(exc)
+    if code is None:
         # psycopg raises connection failures without a SQLSTATE: no server answered.
         return DbErrorClass.UNAVAILABLE if isinstance(exc, _OPERATIONAL) else DbErrorClass.OTHER
-    if sqlstate.startswith("08") or sqlstate in _SERVER_GOING:
+    if code.startswith("08") or code in _SERVER_GOING:
         return DbErrorClass.UNAVAILABLE
-    if sqlstate in _CONTENTION:
+    if code in _CONTENTION:
         return DbErrorClass.CONTENTION
-    if sqlstate.startswith("54"):
+    if code.startswith("54"):
         return DbErrorClass.PROGRAM_LIMIT
-    if sqlstate.startswith(("22", "23")):
+    if code.startswith("22"):
         return DbErrorClass.DATA
+    if code.startswith("23"):
+        return DbErrorClass.CONSTRAINT
     return DbErrorClass.TRANSIENT if isinstance(exc, _OPERATIONAL) else DbErrorClass.OTHER
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE the server sent with ``exc``, if any."""
+    driver_error = exc.orig if isinstance(exc, sa.DBAPIError) else exc
+    code = getattr(driver_error, "sqlstate", None)
+    return code if isinstance(code, str) else None
+
+
+def refusal(exc: BaseException) -> str:
+    """What the server refused, in its own words: the primary message only, without
+    the statement, its parameters or the DETAIL and CONTEXT lines, which can quote
+    other rows of the statement."""
+    driver_error = exc.orig if isinstance(exc, sa.DBAPIError) else exc
+    diag = getattr(driver_error, "diag", None)
+    primary = getattr(diag, "message_primary", None)
+    if isinstance(primary, str) and primary:
+        return primary
+    return type(driver_error).__name__
 
 
 def _raised_by_driver(exc: OSError) -> bool:

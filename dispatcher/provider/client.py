@@ -100,6 +100,27 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
+UNBUILDABLE: tuple[type[Exception], ...] = (
+    UnicodeError,
+    ValueError,
+    TypeError,
+    httpx.InvalidURL,
+    httpx.HTTPError,
+)
+"""What httpx raises while it builds a request, before anything is sent: a header
+value that is not ASCII (``UnicodeEncodeError``), input JSON cannot carry (NaN, a
+value of no JSON type), a URL it cannot parse."""
+
+
+def _not_sendable(exc: Exception, attempt: int) -> ProviderOutcome:
+    # The type only: a message can quote the header value, which may be a credential.
+    return ProviderOutcome(
+        OutcomeKind.FAILED,
+        attempt,
+        error=f"request not sendable: {type(exc).__name__}; nothing was sent",
+    )
+
+
 class ProviderClient:
     """Sends dispatch requests over pooled ``httpx.AsyncClient`` s.
 
@@ -172,13 +193,18 @@ class ProviderClient:
         headers.update(credential_headers(self._secrets, capability.id))
         http = await self._free.get()
         try:
-            response = await http.request(
-                endpoint.method,
-                endpoint.url,
-                json=dict(request.input),
-                headers=headers,
-                timeout=endpoint.timeout_seconds,
-            )
+            try:
+                built = http.build_request(
+                    endpoint.method,
+                    endpoint.url,
+                    json=dict(request.input),
+                    headers=headers,
+                    timeout=endpoint.timeout_seconds,
+                )
+            except UNBUILDABLE as exc:
+                # Raised while the request is put together, before a byte is written.
+                return _not_sendable(exc, attempt)
+            response = await http.send(built)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             raise _NotSent(f"not sent: {type(exc).__name__}") from exc
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
@@ -188,14 +214,23 @@ class ProviderClient:
                 OutcomeKind.UNKNOWN, attempt, error=f"sent, no answer: {type(exc).__name__}"
             )
         except httpx.HTTPError as exc:
-            # Bad URL, unsupported scheme, local protocol misuse: a configuration
-            # error found before anything was sent.
-            return ProviderOutcome(
-                OutcomeKind.FAILED, attempt, error=f"request not sendable: {type(exc).__name__}"
-            )
+            # Bad URL, unsupported scheme, local protocol misuse (h11 refuses a header
+            # value with CR or LF before writing it): found before anything was sent.
+            return _not_sendable(exc, attempt)
         finally:
             self._free.put_nowait(http)
-        return self._classify(capability, response, attempt)
+        try:
+            return self._classify(capability, response, attempt)
+        except (_NotSent, _Throttled):
+            raise
+        except Exception as exc:
+            log.warning("answer to %s could not be classified", request.tool_call_id, exc_info=exc)
+            return ProviderOutcome(
+                OutcomeKind.UNKNOWN,
+                attempt,
+                response.status_code,
+                error=f"sent; the answer could not be read: {type(exc).__name__}",
+            )
 
     def _classify(
         self, capability: Capability, response: httpx.Response, attempt: int

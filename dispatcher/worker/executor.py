@@ -28,7 +28,12 @@ from dispatcher.errors import TransitionConflict
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import BulkMove, Fence
-from dispatcher.provider.client import DispatchRequest, ProviderClient, ProviderOutcome
+from dispatcher.provider.client import (
+    DispatchRequest,
+    OutcomeKind,
+    ProviderClient,
+    ProviderOutcome,
+)
 from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.worker.claims import Claim, claim_calls, lease_seconds
@@ -187,15 +192,26 @@ class Executor:
         return statuses
 
     async def _send(self, claim: Claim) -> ProviderOutcome:
-        return await self._provider.dispatch(
-            claim.capability,
-            DispatchRequest(
-                claim.tool_call_id,
-                claim.idempotency_key,
-                claim.input,
-                trace_seed=claim.correlation_id or claim.tool_call_id,
-            ),
-        )
+        """One call's outcome, whatever goes wrong with it: an error of one call must
+        not discard the outcomes of the others in its batch (they are recorded
+        together)."""
+        try:
+            return await self._provider.dispatch(
+                claim.capability,
+                DispatchRequest(
+                    claim.tool_call_id,
+                    claim.idempotency_key,
+                    claim.input,
+                    trace_seed=claim.correlation_id or claim.tool_call_id,
+                ),
+            )
+        except Exception as exc:
+            # The client answers every error it knows (not sendable: failed). One it
+            # does not know cannot prove the request never left: the reconciler asks.
+            log.exception("sending %s failed unexpectedly", claim.tool_call_id)
+            return ProviderOutcome(
+                OutcomeKind.UNKNOWN, 1, error=f"send failed: {type(exc).__name__}"
+            )
 
     async def record(self, claim: Claim, outcome: ProviderOutcome) -> S | None:
         """Point B for one call; None when its lease was lost."""

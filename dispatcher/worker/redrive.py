@@ -58,7 +58,7 @@ async def redrive_stale(
         rows = await _waiting(session, threshold, known_capabilities, limit)
         stale = await _without_command(session, rows, threshold, topics) if rows else []
         if stale:
-            await _write_again(session, stale, older_than_seconds, topics)
+            stale = await _write_again(session, stale, older_than_seconds, topics)
     redriven = [r.tool_call_id for r in stale]
     if redriven:
         log.warning(
@@ -118,27 +118,34 @@ async def _without_command(
 
 async def _write_again(
     session: AsyncSession, stale: list[Row[Any]], older_than_seconds: float, topics: Topics
-) -> None:
-    """A ``tool.call.redriven`` event per call and a command that names it as its cause."""
-    events = [
-        event_row(
-            EventType.TOOL_CALL_REDRIVEN,
-            CallContext.of(r._mapping),
-            producer=Producer.REDRIVE,
-            payload={
-                "authorizedSince": r.updated_at.isoformat(),
-                "thresholdSeconds": older_than_seconds,
-            },
-        )
-        for r in stale
-    ]
-    await record_events(session, events, topics=topics)
-    await enqueue(
-        session,
-        [
-            DispatchCommand.build(
+) -> list[Row[Any]]:
+    """A ``tool.call.redriven`` event per call and a command that names it as its cause;
+    the calls written. A call whose event or command cannot be built is left out (and
+    stays ``authorized``, due at the next sweep): it does not hold back the others."""
+    written: list[Row[Any]] = []
+    events: list[dict[str, Any]] = []
+    commands: list[dict[str, Any]] = []
+    for r in stale:
+        try:
+            event = event_row(
+                EventType.TOOL_CALL_REDRIVEN,
+                CallContext.of(r._mapping),
+                producer=Producer.REDRIVE,
+                payload={
+                    "authorizedSince": r.updated_at.isoformat(),
+                    "thresholdSeconds": older_than_seconds,
+                },
+            )
+            command = DispatchCommand.build(
                 r._mapping, producer=Producer.REDRIVE, causation_id=event["event_id"]
             ).to_outbox_row(topics)
-            for r, event in zip(stale, events, strict=True)
-        ],
-    )
+        except Exception:
+            log.exception("redrive: the command of %s could not be built", r.tool_call_id)
+            continue
+        written.append(r)
+        events.append(event)
+        commands.append(command)
+    if written:
+        await record_events(session, events, topics=topics)
+        await enqueue(session, commands)
+    return written

@@ -36,7 +36,7 @@ async def _raised(engine: AsyncEngine, *statements: str) -> BaseException:
         pytest.param(["SELECT 'x'::int"], DbErrorClass.DATA, id="bad-text-22P02"),
         pytest.param(
             [f"INSERT INTO {tool_calls.name} (tool_call_id) VALUES ('tc-1')"],
-            DbErrorClass.DATA,
+            DbErrorClass.CONSTRAINT,
             id="not-null-23502",
         ),
         pytest.param(

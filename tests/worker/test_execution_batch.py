@@ -21,7 +21,7 @@ from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.outcomes import Sent
 from dispatcher.worker.recovery import recover_expired
-from tests.fixtures.calls import submit_call
+from tests.fixtures.calls import insert_call, submit_call
 from tests.fixtures.rows import call_row, event_payloads, event_types
 from tests.fixtures.sandbox import books
 
@@ -207,3 +207,23 @@ async def test_a_call_of_an_unregistered_capability_is_left_authorized(
     )
     assert [c.tool_call_id for c in claims] == [known]
     assert (await call_row(sessions, unknown))["status"] == "authorized"
+
+
+async def test_a_request_httpx_cannot_build_fails_alone_and_the_batch_is_recorded(
+    sessions: Sessions, registry: CapabilityRegistry, http: httpx.AsyncClient
+) -> None:
+    good = await submit_calls(sessions, registry, 4)
+    # Inserted past intake, which may refuse such a key: httpx cannot encode it as an
+    # Idempotency-Key header (UnicodeEncodeError while it builds the request).
+    bad = await insert_call(sessions, "authorized", cap_id="refund", idempotency_key="ключ")
+    worker = executor_of(sessions, registry, http, "worker-a")
+
+    statuses = await worker.execute_many([good[0], good[1], bad, good[2], good[3]])
+
+    assert statuses == {**dict.fromkeys(good, S.COMPLETED), bad: S.FAILED}
+    row = await call_row(sessions, bad)
+    assert row.status == "failed"
+    assert row.last_error == "request not sendable: UnicodeEncodeError; nothing was sent"
+    assert row.dispatch_attempts == 1
+    for call in good:
+        assert (await call_row(sessions, call)).status == "completed"

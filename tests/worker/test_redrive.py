@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select, text, update
@@ -15,6 +16,7 @@ from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.testing.registries import capability, registry_of
 from dispatcher.testing.sandbox import SandboxServer
+from dispatcher.worker import redrive as redrive_module
 from dispatcher.worker.redrive import redrive_stale
 from tests.fixtures.calls import submit_call
 from tests.fixtures.rows import call_row
@@ -197,3 +199,29 @@ async def test_worker_redrives_lost_commands_and_applies_each_once(
 
     await eventually(all_completed, what="the re-driven calls to complete")
     assert (await books(sandbox.url))["effects"] == {f"k-{i}": 1 for i in range(10)}
+
+
+async def test_a_call_whose_command_cannot_be_built_does_not_hold_back_the_others(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = [await submit_call(sessions, registry, "refund", {"n": i}) for i in range(3)]
+    await lose_commands(sessions, age=120)
+    bad = calls[1]
+    build = redrive_module.event_row
+
+    def event_row(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        # A row the builder chokes on (the database, the broker and HTTP stay real).
+        context = args[1]
+        if context.tool_call_id == bad:
+            raise ValueError("cannot build")
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(redrive_module, "event_row", event_row)
+
+    redriven = await redrive_stale(sessions, topics=DEFAULT_TOPICS, older_than_seconds=60)
+
+    assert sorted(redriven) == sorted([calls[0], calls[2]])
+    assert [await dispatch_rows(sessions, call) for call in calls] == [2, 1, 2]
+    assert (await call_row(sessions, bad))["status"] == "authorized"  # due at the next sweep
