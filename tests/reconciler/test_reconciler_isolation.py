@@ -63,14 +63,16 @@ async def test_a_compensation_that_cannot_be_built_is_escalated_with_that_eviden
     executor = Executor(
         sessions, registry, ProviderClient(http), worker_id="worker-a", topics=DEFAULT_TOPICS
     )
-    await executor.execute(done)
+    await executor.execute(done, "acme")
     external_id = (await call_row(sessions, done))["external_request_id"]
     [bad] = await insert_unknown_calls(
         sessions, [UNSENDABLE_KEY], "refund", external_ids={UNSENDABLE_KEY: external_id}
     )
     [good] = await insert_unknown_calls(sessions, ["k-iso-resend"], "refund")
     async with sessions() as session, session.begin():
-        assert await request_compensation(session, bad, reason="run stopped", producer="test")
+        assert await request_compensation(
+            session, bad, tenant="acme", reason="run stopped", producer="test"
+        )
 
     await until_settled(new_reconciler(sessions, registry, http))
 

@@ -39,7 +39,7 @@ async def test_a_non_ascii_template_value_is_sent_percent_encoded(
         sessions, registry, ProviderClient(http), worker_id="worker-a", topics=DEFAULT_TOPICS
     )
 
-    assert await executor.execute(call) is S.COMPLETED
+    assert await executor.execute(call, "acme") is S.COMPLETED
 
     key = "refund:%D0%BA%D0%BB%D1%8E%D1%87"
     row = await call_row(sessions, call)

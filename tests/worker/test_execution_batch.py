@@ -218,9 +218,13 @@ async def test_a_request_httpx_cannot_build_fails_alone_and_the_batch_is_recorde
     bad = await insert_call(sessions, "authorized", cap_id="refund", idempotency_key="ключ")
     worker = executor_of(sessions, registry, http, "worker-a")
 
-    statuses = await worker.execute_many([good[0], good[1], bad, good[2], good[3]])
+    order = [good[0], good[1], bad, good[2], good[3]]
+    statuses = await worker.execute_many([("acme", call) for call in order])
 
-    assert statuses == {**dict.fromkeys(good, S.COMPLETED), bad: S.FAILED}
+    assert statuses == {
+        **{("acme", call): S.COMPLETED for call in good},
+        ("acme", bad): S.FAILED,
+    }
     row = await call_row(sessions, bad)
     assert row.status == "failed"
     assert row.last_error == "request not sendable: UnicodeEncodeError; nothing was sent"
