@@ -14,6 +14,7 @@ from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.api.auth import ApiKeyAuth, Principal
+from dispatcher.api.limits import Limits
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.intake.batcher import IntakeBatcher
 from dispatcher.settings import Scope, Settings
@@ -47,6 +48,11 @@ def _registry(request: Request) -> CapabilityRegistry:
     return registry
 
 
+def _limits(request: Request) -> Limits:
+    limits: Limits = request.app.state.limits
+    return limits
+
+
 def _batcher(request: Request) -> IntakeBatcher:
     batcher: IntakeBatcher = request.app.state.batcher
     return batcher
@@ -60,3 +66,4 @@ Sessions = Annotated[async_sessionmaker[AsyncSession], Depends(_sessions)]
 AppSettings = Annotated[Settings, Depends(_settings)]
 Registry = Annotated[CapabilityRegistry, Depends(_registry)]
 Batcher = Annotated[IntakeBatcher, Depends(_batcher)]
+AppLimits = Annotated[Limits, Depends(_limits)]

@@ -24,6 +24,7 @@ from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.capabilities import Capability, CapabilityRegistry
+from dispatcher.db.tables import approvals as approvals_table
 from dispatcher.db.tables import runs, tool_calls
 from dispatcher.errors import (
     DispatcherError,
@@ -36,9 +37,9 @@ from dispatcher.intake.keys import default_key, fingerprint
 from dispatcher.intake.statement import write_intake
 from dispatcher.ledger.events import CallContext, EventType, event_message, event_row
 from dispatcher.ledger.messages import DispatchCommand, Producer
-from dispatcher.schemas import Submission, SubmitRequest, ToolCallView
+from dispatcher.schemas import ApprovalRef, Submission, SubmitRequest, ToolCallView
 from dispatcher.settings import DEFAULT_TOPICS, Topics
-from dispatcher.states import ExecutionStatus
+from dispatcher.states import ApprovalStatus, ExecutionStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,12 +144,15 @@ async def submit_many(
                 },
             )
         }
+        asked = {a["tool_call_id"]: a for a in approvals}
         for i in fresh:
             row = inserted.get(prepared[i].values["tool_call_id"])
             if row is None:
                 to_replay[i] = prepared[i]
             else:
-                outcomes[i] = Submission(ToolCallView.of(row), created=True)
+                outcomes[i] = Submission(
+                    ToolCallView.of(row, _asked(asked.get(row["tool_call_id"]))), created=True
+                )
         if to_replay:
             outcomes_of_replays = await _replay(session, to_replay)
             for i, outcome in outcomes_of_replays.items():
@@ -286,6 +290,7 @@ async def _replay(
         )
     }
     outcomes: dict[int, Submission | DispatcherError] = {}
+    replayed: dict[int, Any] = {}
     missing = {(p.tenant, p.values["run_id"]) for p in items.values() if p.key not in stored}
     stopped: set[tuple[str, str]] = set()
     if missing:
@@ -312,5 +317,40 @@ async def _replay(
         ):
             outcomes[i] = IdempotencyKeyReused(prep.key[1], row["tool_call_id"])
         else:
-            outcomes[i] = Submission(ToolCallView.of(row), created=False)
+            replayed[i] = row
+    refs = await _approvals_of(
+        session, [(r["tenant"], r["tool_call_id"]) for r in replayed.values()]
+    )
+    for i, row in replayed.items():
+        ref = refs.get((row["tenant"], row["tool_call_id"]))
+        outcomes[i] = Submission(ToolCallView.of(row, ref), created=False)
     return outcomes
+
+
+def _asked(approval: dict[str, Any] | None) -> ApprovalRef | None:
+    """The approval the intake statement just wrote (its row has no other values yet)."""
+    if approval is None:
+        return None
+    return ApprovalRef(
+        approval_id=approval["approval_id"],
+        status=ApprovalStatus.PENDING,
+        expires_at=datetime.fromisoformat(approval["expires_at"]),
+    )
+
+
+async def _approvals_of(
+    session: AsyncSession, calls: list[tuple[str, str]]
+) -> dict[tuple[str, str], ApprovalRef]:
+    """The recorded approvals of replayed calls, by (tenant, toolCallId)."""
+    if not calls:
+        return {}
+    rows = await session.execute(
+        select(
+            approvals_table.c.tenant,
+            approvals_table.c.tool_call_id,
+            approvals_table.c.approval_id,
+            approvals_table.c.status,
+            approvals_table.c.expires_at,
+        ).where(tuple_(approvals_table.c.tenant, approvals_table.c.tool_call_id).in_(calls))
+    )
+    return {(r.tenant, r.tool_call_id): ApprovalRef.of(r._mapping) for r in rows}

@@ -69,7 +69,7 @@ _STOPPED = """stopped AS MATERIALIZED (
 
 # What the caller gets back of each created call: its view, not every column (each
 # column returned costs CPU in the driver on every call).
-_RETURNED = tuple(ToolCallView.model_fields)
+_RETURNED = ToolCallView.row_fields()
 
 # The whole intake write in one statement and one round trip. Events and outbox rows
 # are written only for the calls the first INSERT created (its RETURNING), so a
