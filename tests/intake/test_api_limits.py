@@ -21,6 +21,7 @@ from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.settings import Settings
 from tests.fixtures.api import ALICE, GLOBEX, bearer, control_keys
 from tests.fixtures.capabilities import approval_capability, plain_capability
+from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -128,6 +129,13 @@ async def test_a_long_poll_past_the_cap_is_answered_at_once_with_429(
         for task in held:
             task.cancel()
         await asyncio.gather(*held, return_exceptions=True)
+
+    # Clients that went away give their slots back before their wait would have ended.
+    async def admitted() -> bool:
+        reply = await api.get(path, params={"waitSeconds": 0.05}, headers=bearer(ALICE))
+        return reply.status_code == 200
+
+    await eventually(admitted, what="a long-poll admitted once the held ones went away")
 
 
 @pytest.fixture
