@@ -423,6 +423,8 @@ async def api_process(
         "TOOL_DISPATCHER_HTTP_HOST": "127.0.0.1",
         "TOOL_DISPATCHER_HTTP_PORT": str(port),
         "TOOL_DISPATCHER_DB_POOL_SIZE": str(max(clients, 2)),
+        # One tenant at full speed is what is measured: its rate limit would cap it.
+        "TOOL_DISPATCHER_SUBMIT_RATE_PER_SECOND": "0",
     }
     out = await asyncio.to_thread(log.open, "wb")
     proc = await asyncio.create_subprocess_exec(

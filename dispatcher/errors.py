@@ -29,6 +29,9 @@ problem+json.
     │   └── EscalationAlreadyResolved      escalation_already_resolved
     ├── Unprocessable                  422 well-formed, but contradicts what is recorded
     │   └── IdempotencyKeyReused           idempotency_key_reused
+    ├── LimitExceeded                  a limit that shields the shared service (retriable later)
+    │   ├── RateLimited                429 rate_limited (with Retry-After)
+    │   └── RequestTimeout             408 request_timeout (the body came too slowly)
     ├── ServiceUnavailable             503 service_unavailable (retriable: send it again)
     └── InternalError                  500 internal_error: a bug of this program, not the client's
         └── IllegalTransition              a move the transition tables forbid
@@ -244,6 +247,33 @@ class IdempotencyKeyReused(Unprocessable):
             idempotencyKey=key,
             toolCallId=tool_call_id,
         )
+
+
+class LimitExceeded(DispatcherError):
+    """A limit that keeps one client from starving the others was hit. Nothing was
+    recorded; the same request may succeed after ``retry_after`` seconds."""
+
+    status, title = 429, "Limit exceeded"
+    retriable = True
+
+    def __init__(self, detail: str, *, retry_after: int | None = None, **extra: Any) -> None:
+        if retry_after is not None:
+            extra["retryAfterSeconds"] = retry_after
+        super().__init__(detail, **extra)
+        self.retry_after = retry_after
+
+
+class RateLimited(LimitExceeded):
+    """The tenant sent more than its share (submissions per second, or long-polls held
+    at once); ``Retry-After`` says when to try again."""
+
+    code, title = "rate_limited", "Too many requests"
+
+
+class RequestTimeout(LimitExceeded):
+    """The request's body did not arrive in time (a slow or stalled client)."""
+
+    code, status, title = "request_timeout", 408, "Request body not received in time"
 
 
 class ServiceUnavailable(DispatcherError):

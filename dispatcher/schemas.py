@@ -191,6 +191,19 @@ class DecisionRequest(BaseModel):
     reason: StorableText = Field(default="", max_length=2000)
 
 
+class ApprovalRef(_View):
+    """A call's approval as its view shows it (the approvals row; the whole approval
+    is ``GET /v1/approvals/{approvalId}``)."""
+
+    approval_id: str
+    status: ApprovalStatus
+    expires_at: datetime
+
+    @classmethod
+    def of(cls, row: Mapping[Any, Any]) -> ApprovalRef:
+        return cls.model_validate({name: row[name] for name in cls.model_fields})
+
+
 class ToolCallView(_View):
     tool_call_id: str
     run_id: str
@@ -214,10 +227,20 @@ class ToolCallView(_View):
     version: int
     created_at: datetime
     updated_at: datetime
+    # The call's approval, if its capability required one when it was submitted
+    # (from the approvals table; not a column of the call's row).
+    approval: ApprovalRef | None = None
 
     @classmethod
-    def of(cls, row: Mapping[Any, Any]) -> ToolCallView:
-        return cls.model_validate({name: row[name] for name in cls.model_fields})
+    def row_fields(cls) -> tuple[str, ...]:
+        """The fields read from the call's own row."""
+        return tuple(name for name in cls.model_fields if name != "approval")
+
+    @classmethod
+    def of(cls, row: Mapping[Any, Any], approval: ApprovalRef | None = None) -> ToolCallView:
+        return cls.model_validate(
+            {**{name: row[name] for name in cls.row_fields()}, "approval": approval}
+        )
 
 
 class EventView(_View):

@@ -107,6 +107,20 @@ class Settings(BaseSettings):
     http_port: int = 8780
     max_body_bytes: int = 256 * 1024
     api_keys: list[ApiKey] = Field(default_factory=list)
+    # Limits of the shared front door (dispatcher.api.limits), on by default: a new
+    # deployment is shared by tenants from its first day, and these numbers are far
+    # above what one tenant's agents need (and above what one API process on two
+    # cores commits), so they only stop a runaway producer. 0 turns a limit off.
+    # Submissions per tenant: a token bucket refilled at this rate, this deep.
+    submit_rate_per_second: float = Field(default=500.0, ge=0)
+    submit_burst: int = Field(default=1000, ge=1)
+    # Long-polls (GET ?waitSeconds=) one tenant may hold open at once; beyond it 429.
+    long_polls_per_tenant: int = Field(default=200, ge=0)
+    # A request body must have fully arrived this long after its headers (else 408
+    # and the connection is closed); an idle keep-alive connection is closed after
+    # http_keep_alive_seconds.
+    http_body_timeout_seconds: float = Field(default=10.0, gt=0)
+    http_keep_alive_seconds: int = Field(default=5, ge=1)
 
     db_pool_size: int = 20
     # A round trip per checkout that survives database restarts; a caller that handles

@@ -12,6 +12,7 @@ from starlette.types import ASGIApp
 
 from dispatcher.api import approvals, escalations, health, openapi, problems, runs, tool_calls
 from dispatcher.api.auth import ApiKeyAuth
+from dispatcher.api.limits import Limits
 from dispatcher.api.middleware import BodyLimit, RequestTiming
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.engine import create_engine, session_factory
@@ -46,8 +47,11 @@ def create_app(
     app = FastAPI(title="tool-dispatcher", version="0.1.0", lifespan=lifespan)
     app.state.settings, app.state.registry = settings, registry
     app.state.auth = ApiKeyAuth(settings.api_keys)
+    app.state.limits = Limits.of(settings)
     problems.install(app)
     openapi.install(app)
     for resource in (tool_calls, runs, approvals, escalations, health):
         app.include_router(resource.router)
-    return RequestTiming(BodyLimit(app, settings.max_body_bytes))
+    return RequestTiming(
+        BodyLimit(app, settings.max_body_bytes, settings.http_body_timeout_seconds)
+    )

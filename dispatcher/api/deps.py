@@ -15,6 +15,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.api.auth import ApiKeyAuth, Principal
+from dispatcher.api.limits import Limits
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.intake.batcher import IntakeBatcher
 from dispatcher.settings import Scope, Settings
@@ -55,6 +56,11 @@ def _registry(request: Request) -> CapabilityRegistry:
     return registry
 
 
+def _limits(request: Request) -> Limits:
+    limits: Limits = request.app.state.limits
+    return limits
+
+
 def _batcher(request: Request) -> IntakeBatcher:
     batcher: IntakeBatcher = request.app.state.batcher
     return batcher
@@ -68,3 +74,4 @@ Sessions = Annotated[async_sessionmaker[AsyncSession], Depends(_sessions)]
 AppSettings = Annotated[Settings, Depends(_settings)]
 Registry = Annotated[CapabilityRegistry, Depends(_registry)]
 Batcher = Annotated[IntakeBatcher, Depends(_batcher)]
+AppLimits = Annotated[Limits, Depends(_limits)]

@@ -6,35 +6,55 @@ while a body is read into exception groups and costs a task per request.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dispatcher.api.problems import answer
-from dispatcher.errors import PayloadTooLarge
+from dispatcher.errors import PayloadTooLarge, RequestTimeout
 from dispatcher.metrics import HTTP_REQUEST_SECONDS
 
 
 class BodyLimit:
     """Refuses a body over ``max_bytes`` with 413 before the application sees any of
-    it. A declared Content-Length is checked at once; a chunked body is buffered (it
-    is bounded by the limit) and replayed to the application."""
+    it, and a body that has not fully arrived ``timeout`` seconds after the headers
+    with 408 (and closes the connection): a slow client would otherwise hold a
+    connection and a task for as long as it likes. A declared Content-Length over the
+    limit is refused at once; any other body is buffered (it is bounded by the limit)
+    and replayed to the application."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout: float = 10.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None:
-            if declared.isdigit() and int(declared) > self.max_bytes:
-                await self._refuse(scope, receive, send, drained=True)
-                return
-            await self.app(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(scope, receive, send, drained=True)
             return
+        try:
+            async with asyncio.timeout(self.timeout):
+                body = await self._read(scope, receive, send)
+        except TimeoutError:
+            response = answer(
+                RequestTimeout(
+                    f"the body did not arrive within {self.timeout:g} s",
+                    timeoutSeconds=self.timeout,
+                )
+            )
+            response.headers["connection"] = "close"
+            await response(scope, receive, send)
+            return
+        if body is not None:
+            await self.app(scope, _replay([body], then=receive), send)
+
+    async def _read(self, scope: Scope, receive: Receive, send: Send) -> Message | None:
+        """The whole body as one message, or None once the request was answered here."""
         chunks: list[bytes] = []
         size = 0
         more = True
@@ -43,17 +63,16 @@ class BodyLimit:
             if message["type"] != "http.request":
                 # The client went away: let the application see that.
                 await self.app(scope, _replay([message]), send)
-                return
+                return None
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
                 drained = await self._drain(receive, message)
                 await self._refuse(scope, receive, send, drained=drained)
-                return
+                return None
             chunks.append(chunk)
             more = message.get("more_body", False)
-        body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        await self.app(scope, _replay([body], then=receive), send)
+        return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
 
     async def _drain(self, receive: Receive, last: Message) -> bool:
         """Read and discard the rest of a refused body (up to a bound), so the client,

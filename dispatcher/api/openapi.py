@@ -25,6 +25,7 @@ from dispatcher.errors import (
     Forbidden,
     InternalError,
     PayloadTooLarge,
+    RequestTimeout,
     ServiceUnavailable,
     Unauthenticated,
     ValidationFailed,
@@ -33,9 +34,6 @@ from dispatcher.errors import (
 JSON = "application/json"
 _SCHEMAS = "#/components/schemas/"
 
-# The submission rate limit and the long-poll cap (issue 13's limits, another branch:
-# their RateLimited can replace this once merged), declared by status and code.
-TOO_MANY_REQUESTS = (429, "rate_limited", "Too many requests: wait for Retry-After")
 # A path whose id the router cannot take (an encoded ``/``) reaches no route.
 NOT_ROUTED = (404, "not_found", "Not found")
 Extra = tuple[int, str, str]
@@ -79,12 +77,13 @@ def documented(
 ) -> dict[str, Any]:
     """Keyword arguments for a route decorator: ``answer`` is the model of the ``status``
     answer, ``body`` the model of the JSON body, ``errors`` what the route raises beyond
-    what every /v1 route can answer (and 413 with a body); ``also`` more 2xx answers."""
+    what every /v1 route can answer (and 413 and 408 with a body); ``also`` more 2xx answers."""
     raised: list[type[DispatcherError] | Extra] = [*errors]
     if v1:
         raised[:0] = _EVERY_V1
     if body is not None:
-        raised.append(PayloadTooLarge)
+        # A body can be too large, or too slow to arrive (the middleware answers both).
+        raised.extend((PayloadTooLarge, RequestTimeout))
         _BODIES[body.__name__] = body
     kwargs: dict[str, Any] = {"status_code": status, "responses": {**(also or {})}}
     kwargs["responses"].update(problem_responses(raised))

@@ -16,7 +16,13 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from dispatcher.db.errors import REFUSED_INPUT, DbErrorClass, classify, refusal, sqlstate
-from dispatcher.errors import DispatcherError, InternalError, ServiceUnavailable, ValidationFailed
+from dispatcher.errors import (
+    DispatcherError,
+    InternalError,
+    LimitExceeded,
+    ServiceUnavailable,
+    ValidationFailed,
+)
 from dispatcher.metrics import INTAKE_SUBMISSIONS
 
 log = logging.getLogger(__name__)
@@ -47,7 +53,10 @@ def answer(exc: DispatcherError) -> JSONResponse:
     that the service failed."""
     if isinstance(exc, InternalError):
         return _internal()
-    return _problem(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
+    response = _problem(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
+    if isinstance(exc, LimitExceeded) and exc.retry_after is not None:
+        response.headers["Retry-After"] = str(exc.retry_after)
+    return response
 
 
 def _internal() -> JSONResponse:

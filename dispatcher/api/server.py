@@ -7,10 +7,24 @@ import contextlib
 
 import uvicorn
 from sqlalchemy.ext.asyncio import AsyncEngine
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from dispatcher.api import create_app
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.settings import Settings
+
+
+class IdleClosingProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP protocol (httptools, which uvicorn[standard] brings), with the
+    keep-alive timer also started when a connection opens: uvicorn starts it only after
+    an answer, so a client that connects and never sends a byte would hold its socket
+    for ever. The first byte received cancels the timer, as after an answer."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
 
 
 def api_server(
@@ -28,6 +42,10 @@ def api_server(
         log_level="warning",
         access_log=False,
         lifespan="on",
+        # An idle connection (kept alive after an answer, or never sending a request)
+        # is closed after this long; a slow body is BodyLimit's (dispatcher.api.middleware).
+        timeout_keep_alive=settings.http_keep_alive_seconds,
+        http=IdleClosingProtocol,
     )
     server = uvicorn.Server(config)
     if not install_signal_handlers:

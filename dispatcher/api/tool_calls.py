@@ -9,15 +9,25 @@ from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request, Response
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.api.bodies import json_response, model_response, parse_body
-from dispatcher.api.deps import AppSettings, Batcher, Operator, Reader, Sessions, Submitter
-from dispatcher.api.openapi import TOO_MANY_REQUESTS, documented
+from dispatcher.api.deps import (
+    AppLimits,
+    AppSettings,
+    Batcher,
+    Operator,
+    Reader,
+    Sessions,
+    Submitter,
+)
+from dispatcher.api.openapi import documented
 from dispatcher.api.params import ToolCallIdPath
 from dispatcher.control import retry as control
 from dispatcher.errors import (
     CapabilityNotFound,
     IdempotencyKeyReused,
+    RateLimited,
     RetryNotAllowed,
     RunStopped,
     ToolCallIdConflict,
@@ -27,11 +37,13 @@ from dispatcher.errors import (
 from dispatcher.metrics import INTAKE_SUBMISSIONS
 from dispatcher.schemas import RetryRequest, SubmitRequest, ToolCallView
 from dispatcher.states import SETTLED_STATES
-from dispatcher.views.queries import tool_call_row
+from dispatcher.views.queries import approval_ref, tool_call_row
 
 # A long-poll holds a request, not a connection to the database; the cap keeps it
 # below the idle timeouts of common proxies.
 MAX_WAIT_SECONDS = 20.0
+
+SessionFactory = async_sessionmaker[AsyncSession]
 
 router = APIRouter()
 
@@ -46,7 +58,7 @@ _CREATED = {"Location": {"description": "the call's URL", "schema": {"type": "st
         ToolCallIdConflict,
         RunStopped,
         IdempotencyKeyReused,
-        TOO_MANY_REQUESTS,
+        RateLimited,
         body=SubmitRequest,
         answer=ToolCallView,
         status=201,
@@ -60,7 +72,11 @@ _CREATED = {"Location": {"description": "the call's URL", "schema": {"type": "st
         },
     ),
 )
-async def submit_tool_call(request: Request, caller: Submitter, batcher: Batcher) -> Response:
+async def submit_tool_call(
+    request: Request, caller: Submitter, batcher: Batcher, limits: AppLimits
+) -> Response:
+    # Before the body is parsed or anything is written: a flood costs a dict lookup.
+    limits.submissions.take(caller.tenant)
     body = parse_body(SubmitRequest, await request.body(), "tool call")
     submission = await batcher.submit(body, caller.tenant, caller.identity)
     INTAKE_SUBMISSIONS.labels("created" if submission.created else "replayed").inc()
@@ -76,12 +92,14 @@ async def submit_tool_call(request: Request, caller: Submitter, batcher: Batcher
 
 @router.get(
     "/v1/tool-calls/{tool_call_id}",
-    **documented(ToolCallNotFound, TOO_MANY_REQUESTS, answer=ToolCallView),
+    **documented(ToolCallNotFound, RateLimited, answer=ToolCallView),
 )
 async def get_tool_call(
     tool_call_id: ToolCallIdPath,
+    request: Request,
     caller: Reader,
     sessions: Sessions,
+    limits: AppLimits,
     wait_seconds: Annotated[
         float,
         Query(
@@ -92,16 +110,38 @@ async def get_tool_call(
         ),
     ] = 0,
 ) -> Response:
+    if wait_seconds <= 0:
+        return model_response(await _view(sessions, caller.tenant, tool_call_id))
+    # A held long-poll costs a task and a socket: a cap per tenant keeps one tenant's
+    # waiters from crowding out the others. Beyond it 429 with Retry-After rather than
+    # the current view at once, which a waiting client would answer by polling again
+    # immediately, in a tight loop, just when the service is under most load.
+    limits.long_polls.acquire(caller.tenant)
+    try:
+        return await _long_poll(request, sessions, caller.tenant, tool_call_id, wait_seconds)
+    finally:
+        limits.long_polls.release(caller.tenant)
+
+
+async def _view(sessions: SessionFactory, tenant: str, tool_call_id: str) -> ToolCallView:
+    async with sessions() as session:
+        row = await tool_call_row(session, tenant, tool_call_id)
+        if row is None:
+            raise ToolCallNotFound(tool_call_id)
+        return ToolCallView.of(row, await approval_ref(session, tenant, tool_call_id))
+
+
+async def _long_poll(
+    request: Request, sessions: SessionFactory, tenant: str, tool_call_id: str, wait_seconds: float
+) -> Response:
     deadline = time.monotonic() + wait_seconds
     pause = 0.02
     while True:
-        async with sessions() as session:
-            row = await tool_call_row(session, caller.tenant, tool_call_id)
-        if row is None:
-            raise ToolCallNotFound(tool_call_id)
+        view = await _view(sessions, tenant, tool_call_id)
         left = deadline - time.monotonic()
-        if row["status"] in SETTLED_STATES or left <= 0:
-            return model_response(ToolCallView.of(row))
+        # A client that went away gives its slot back now, not when its wait ends.
+        if view.status in SETTLED_STATES or left <= 0 or await request.is_disconnected():
+            return model_response(view)
         # A cheap indexed read per pause, with no connection held while waiting;
         # the pause grows so a long wait costs a few dozen reads, not thousands.
         await asyncio.sleep(min(pause, left))

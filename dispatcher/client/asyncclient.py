@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Literal
 from urllib.parse import quote
@@ -9,6 +10,7 @@ from urllib.parse import quote
 import httpx
 
 from dispatcher.client.problems import WaitTimedOut, error_from
+from dispatcher.errors import RateLimited
 from dispatcher.schemas import ApprovalView, StopResult, Submission, SubmitRequest, ToolCallView
 from dispatcher.states import SETTLED_STATES
 
@@ -82,12 +84,21 @@ class DispatcherClient:
         deadline = time.monotonic() + within
         while True:
             hold = min(max(deadline - time.monotonic(), 0.0), POLL_SECONDS)
-            response = await self._request(
-                "GET",
-                f"/v1/tool-calls/{_segment(tool_call_id)}",
-                params={"waitSeconds": f"{hold:.3f}"},
-                read_for=hold + self._timeout,
-            )
+            try:
+                response = await self._request(
+                    "GET",
+                    f"/v1/tool-calls/{_segment(tool_call_id)}",
+                    params={"waitSeconds": f"{hold:.3f}"},
+                    read_for=hold + self._timeout,
+                )
+            except RateLimited as exc:
+                # The tenant holds as many long-polls as the server allows: back off
+                # as told (never past the deadline), then poll again.
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                await asyncio.sleep(min(float(exc.extra.get("retryAfterSeconds", 1)), left))
+                continue
             view = ToolCallView.model_validate_json(response.content)
             if view.status in SETTLED_STATES:
                 return view

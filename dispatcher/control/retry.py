@@ -26,6 +26,7 @@ from dispatcher.schemas import RetryRequest, ToolCallView
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
+from dispatcher.views.queries import approval_ref
 
 RETRIABLE = (S.FAILED, S.ESCALATED)
 
@@ -114,4 +115,4 @@ async def retry_call(
         moved.row._mapping, producer=Producer.OPERATOR, causation_id=moved.event_id
     )
     await enqueue(session, [command.to_outbox_row(topics)])
-    return ToolCallView.of(moved.row._mapping)
+    return ToolCallView.of(moved.row._mapping, await approval_ref(session, tenant, tool_call_id))

@@ -33,6 +33,7 @@ from dispatcher.errors import (
     ToolCallIdConflict,
     ValidationFailed,
 )
+from dispatcher.intake.approvals import asked_approval, recorded_approvals
 from dispatcher.intake.keys import default_key, fingerprint
 from dispatcher.intake.statement import write_intake
 from dispatcher.ledger.events import CallContext, EventType, event_message, event_row
@@ -151,12 +152,19 @@ async def submit_many(
                 },
             )
         }
+        # By (tenant, toolCallId): two tenants may use one toolCallId in one batch.
+        asked = {(a["tenant"], a["tool_call_id"]): a for a in approvals}
         for i in fresh:
             row = inserted.get((prepared[i].tenant, prepared[i].values["tool_call_id"]))
             if row is None:
                 to_replay[i] = prepared[i]
             else:
-                outcomes[i] = Submission(ToolCallView.of(row), created=True)
+                outcomes[i] = Submission(
+                    ToolCallView.of(
+                        row, asked_approval(asked.get((row["tenant"], row["tool_call_id"])))
+                    ),
+                    created=True,
+                )
         if to_replay:
             outcomes_of_replays = await _replay(session, to_replay)
             for i, outcome in outcomes_of_replays.items():
@@ -312,6 +320,7 @@ async def _replay(
     }
     stored.update(await _legacy_defaults(session, items, stored))
     outcomes: dict[int, Submission | DispatcherError] = {}
+    replayed: dict[int, Any] = {}
     missing = {(p.tenant, p.values["run_id"]) for p in items.values() if p.key not in stored}
     stopped: set[tuple[str, str]] = set()
     if missing:
@@ -338,7 +347,13 @@ async def _replay(
         ):
             outcomes[i] = IdempotencyKeyReused(prep.key[1], row["tool_call_id"])
         else:
-            outcomes[i] = Submission(ToolCallView.of(row), created=False)
+            replayed[i] = row
+    refs = await recorded_approvals(
+        session, [(r["tenant"], r["tool_call_id"]) for r in replayed.values()]
+    )
+    for i, row in replayed.items():
+        ref = refs.get((row["tenant"], row["tool_call_id"]))
+        outcomes[i] = Submission(ToolCallView.of(row, ref), created=False)
     return outcomes
 
 

@@ -70,7 +70,7 @@ _STOPPED = """stopped AS MATERIALIZED (
 # What the caller gets back of each created call: its view and its tenant (with the
 # toolCallId, the call's key), not every column (each column returned costs CPU in the
 # driver on every call).
-_RETURNED = (*ToolCallView.model_fields, "tenant")
+_RETURNED = (*ToolCallView.row_fields(), "tenant")
 
 # The whole intake write in one statement and one round trip. Events and outbox rows
 # are written only for the calls the first INSERT created (its RETURNING), so a

@@ -61,6 +61,7 @@ TOOL_CALL_FIELDS = {
     "version",
     "createdAt",
     "updatedAt",
+    "approval",
 }
 EVENT_FIELDS = {
     "eventId",

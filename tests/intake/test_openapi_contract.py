@@ -75,8 +75,6 @@ def _document() -> dict[str, Any]:
 
 
 # Every check schemathesis has is on, except:
-# - unsupported_method, until 405 answers carry ``Allow`` (issue 13, finding 9, built
-#   on another branch): drop its section then.
 # - positive_data_acceptance allows 400 on the event log: an ``after`` cursor that
 #   names no event of the run is refused (``validation_failed``), however well formed;
 #   and 400 and 422 on submit: input the document cannot describe (a NUL in a nested
@@ -87,9 +85,6 @@ def _document() -> dict[str, Any]:
 CONFIG = f"""
 [auth.openapi.apiKey]
 bearer = "{GLOBEX}"
-
-[checks.unsupported_method]
-enabled = false
 
 [[operations]]
 include-path = "/v1/tool-calls"

@@ -7,7 +7,11 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select
 
+from dispatcher.db.tables import approvals
+from dispatcher.intake.service import submit_many
+from dispatcher.schemas import Submission, SubmitRequest
 from dispatcher.settings import Settings, load_settings
 from tests.fixtures.api import ACME_KEY, GLOBEX_KEY, api_keys, bearer
 
@@ -96,3 +100,26 @@ async def test_a_call_keyed_by_its_bare_id_before_0007_is_still_replayed(
     )
     assert replay.status_code == 200, replay.text
     assert replay.json() == stored.json()
+
+
+async def test_one_batch_gives_each_tenant_its_own_approval(sessions: Any, registry: Any) -> None:
+    # Two tenants' calls with one toolCallId in one group commit, both needing approval:
+    # each view carries its own tenant's approval, never the other's.
+    request = SubmitRequest(
+        run_id="run-1",
+        capability_id="refund-order-approved",
+        tool_call_id="same",
+        input={"orderId": "o-1", "amount": 5},
+    )
+    async with sessions() as session, session.begin():
+        outcomes = await submit_many(
+            session, [(request, "acme"), (request, "globex")], registry=registry
+        )
+        rows = (await session.execute(select(approvals.c.tenant, approvals.c.approval_id))).all()
+    recorded = {r.tenant: r.approval_id for r in rows}
+    assert len(set(recorded.values())) == 2
+    shown = {}
+    for tenant, outcome in zip(("acme", "globex"), outcomes, strict=True):
+        assert isinstance(outcome, Submission) and outcome.view.approval is not None
+        shown[tenant] = outcome.view.approval.approval_id
+    assert shown == recorded

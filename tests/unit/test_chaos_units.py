@@ -103,7 +103,7 @@ def counts(evidence: Evidence) -> dict[int, int]:
 
 
 def test_a_clean_run_has_no_violations() -> None:
-    assert counts(clean()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0}
+    assert counts(clean()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0}
 
 
 def test_lost_submission_and_replay_mismatch_violate_1() -> None:
@@ -113,12 +113,19 @@ def test_lost_submission_and_replay_mismatch_violate_1() -> None:
     assert counts(evidence)[1] == 2
 
 
+def test_a_hostile_submission_not_refused_or_a_valid_one_refused_violates_6() -> None:
+    evidence = clean()
+    evidence.hostile_misanswered = ["nul_in_input b'{...}': 503 service_unavailable"]
+    evidence.valid_refused = ['{"runId": ...}: 400 validation_failed']
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 2}
+
+
 def test_stuck_calls_violate_2() -> None:
     evidence = clean()
     evidence.calls = {"a": call("a", S.RESULT_UNKNOWN)}
     evidence.events = [*completed_log("a")[:3], event("a", "x", 9, to="result_unknown")]
     evidence.effects = {}
-    assert counts(evidence) == {1: 0, 2: 1, 3: 0, 4: 0, 5: 0}
+    assert counts(evidence) == {1: 0, 2: 1, 3: 0, 4: 0, 5: 0, 6: 0}
 
 
 @pytest.mark.parametrize(
@@ -140,7 +147,7 @@ def test_effects_that_disagree_with_the_status_violate_3(
     evidence.events = [*completed_log("a")[:3], event("a", "x", 9, to=status.value)]
     evidence.effects = {"k-a": effects}
     evidence.reversals = {"k-a": reversals}
-    assert counts(evidence) == {1: 0, 2: 0, 3: 1, 4: 0, 5: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 1, 4: 0, 5: 0, 6: 0}
 
 
 def test_effect_under_a_key_no_call_has_violates_3() -> None:
@@ -162,7 +169,7 @@ def test_read_only_calls_are_only_checked_for_duplicates() -> None:
 def test_status_the_log_does_not_reproduce_violates_4() -> None:
     evidence = clean()
     evidence.events = completed_log("a")[:3]
-    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 1, 5: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 1, 5: 0, 6: 0}
 
 
 def test_unpublished_rows_and_dead_letters_violate_5() -> None:

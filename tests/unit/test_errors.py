@@ -37,6 +37,8 @@ CODES: dict[str, int] = {
     "approval_stale": 409,
     "escalation_already_resolved": 409,
     "idempotency_key_reused": 422,
+    "rate_limited": 429,
+    "request_timeout": 408,
     "service_unavailable": 503,
 }
 

@@ -29,6 +29,7 @@ INVARIANTS: dict[int, str] = {
     3: "the provider applied at most one effect per key, as each call's status says",
     4: "replaying the event log reproduces each call's status",
     5: "no outbox row left unpublished, no dead letter unexplained",
+    6: "every hostile submission refused with a 4xx, no valid one refused as invalid",
 }
 
 _NO_EFFECT = {S.FAILED, S.REJECTED, S.CANCELLED}
@@ -66,6 +67,10 @@ class Evidence:
     """Calls the recovery sweep took from a worker lost between claim and outcome."""
     escalation_reasons: Mapping[str, int] = field(default_factory=dict)
     """Dispatch commands beyond each call's first (re-drives, read-only re-dispatches)."""
+    hostile_misanswered: Sequence[str] = ()
+    """Hostile submissions (the load's hostile_input share) answered other than 4xx."""
+    valid_refused: Sequence[str] = ()
+    """Valid submissions refused with a 4xx other than the load's own run stops."""
 
 
 def unsettled(calls: Iterable[CallRecord]) -> list[CallRecord]:
@@ -104,6 +109,8 @@ def check(evidence: Evidence) -> dict[int, list[str]]:
     if evidence.unpublished:
         violations[5].append(f"{evidence.unpublished} outbox row(s) never published")
     violations[5] += [f"dead letter: {d}" for d in evidence.dead_letters]
+    violations[6] = [f"hostile: {h}" for h in evidence.hostile_misanswered]
+    violations[6] += [f"valid refused: {v}" for v in evidence.valid_refused]
     return violations
 
 
@@ -177,6 +184,8 @@ async def gather(
     *,
     read_only: Collection[str],
     dispatch_topic: str,
+    hostile_misanswered: Sequence[str] = (),
+    valid_refused: Sequence[str] = (),
 ) -> Evidence:
     async with engine.connect() as conn:
         calls = {
@@ -244,4 +253,6 @@ async def gather(
         commands_reemitted=int(commands) - len(calls),
         taken_over=int(taken_over),
         escalation_reasons=reasons,
+        hostile_misanswered=hostile_misanswered,
+        valid_refused=valid_refused,
     )

@@ -15,12 +15,19 @@ from typing import Any
 
 import httpx
 
+from dispatcher.testing.hostile import hostile_body
+
 log = logging.getLogger(__name__)
 
 SIDE_EFFECTS = "refund"
 APPROVED = "refund-approved"
 READ_ONLY = "lookup"
 CALLS_PER_RUN = 6
+# The share of submissions that are hostile (dispatcher.testing.hostile): each must be
+# refused with a 4xx and write nothing, and must not hurt the valid ones beside it.
+HOSTILE_SHARE = 0.05
+# The only refusals a valid submission may get here: its run was stopped by the load.
+EXPECTED_REFUSALS = frozenset({"run_stopped"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +58,12 @@ class LoadStats:
     by_kind: Counter[str] = field(default_factory=Counter)
     approvals: Counter[str] = field(default_factory=Counter)
     runs_stopped: int = 0
+    hostile: Counter[str] = field(default_factory=Counter)
+    """Hostile submissions by ``kind:status`` (``kind:no-answer`` when none came)."""
+    hostile_misanswered: list[str] = field(default_factory=list)
+    """Hostile submissions answered with anything but a 4xx problem+json."""
+    valid_refused: list[str] = field(default_factory=list)
+    """Valid submissions refused with a 4xx they did not deserve."""
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -62,6 +75,9 @@ class LoadStats:
             "notAcknowledged": dict(sorted(self.refused.items())),
             "approvals": dict(sorted(self.approvals.items())),
             "runsStopped": self.runs_stopped,
+            "hostile": dict(sorted(self.hostile.items())),
+            "hostileMisanswered": len(self.hostile_misanswered),
+            "validRefused": len(self.valid_refused),
         }
 
 
@@ -121,6 +137,10 @@ class Load:
             await self._stop_run(n)
             return
         run_id = f"chaos-{self._seed}-r{n // CALLS_PER_RUN}"
+        if roll < 0.12 + HOSTILE_SHARE:
+            await self._hostile(n, run_id)
+            return
+        run_id = f"chaos-{self._seed}-r{n // CALLS_PER_RUN}"
         order = f"o-{self._seed}-{n}"
         call_input: dict[str, Any] = {
             "orderId": order,
@@ -153,6 +173,27 @@ class Load:
         if answer is not None and answer[0] < 300:
             self.stats.acks.append(Ack(answer[1], answer[0], body))
 
+    async def _hostile(self, n: int, run_id: str) -> None:
+        capability = self._rng.choice([SIDE_EFFECTS, APPROVED, READ_ONLY])
+        hostile = hostile_body(
+            self._rng, f"{self._seed}-{n}", capability_id=capability, run_id=run_id
+        )
+        self.stats.by_kind["hostile_input"] += 1
+        try:
+            response = await self._client.post(
+                "/v1/tool-calls", content=hostile.body, headers={"Content-Type": "application/json"}
+            )
+        except httpx.HTTPError as exc:
+            # No answer (the API is down for a fault): nothing was promised either way.
+            self.stats.hostile[f"{hostile.kind}:{type(exc).__name__}"] += 1
+            return
+        self.stats.hostile[f"{hostile.kind}:{response.status_code}"] += 1
+        if not (400 <= response.status_code < 500 and _problem_code(response)):
+            self.stats.hostile_misanswered.append(
+                f"{hostile.kind} {hostile.body[:100]!r}: {response.status_code}"
+                f" {response.text[:120]}"
+            )
+
     async def _replay(self, original: Ack) -> None:
         self.stats.replays += 1
         self.stats.by_kind["replay"] += 1
@@ -177,6 +218,9 @@ class Load:
             return None
         if response.status_code >= 300:
             self.stats.refused[str(response.status_code)] += 1
+            code = _problem_code(response)
+            if 400 <= response.status_code < 500 and code not in EXPECTED_REFUSALS:
+                self.stats.valid_refused.append(f"{body[:100]}: {response.status_code} {code}")
             return response.status_code, ""
         tool_call_id = response.json().get("toolCallId")
         return response.status_code, str(tool_call_id)
@@ -216,3 +260,14 @@ class Load:
             f"/v1/approvals/{approval_id}/decision", json={"decision": decision, "reason": "chaos"}
         )
         self.stats.approvals[f"{decision}:{response.status_code}"] += 1
+
+
+def _problem_code(response: httpx.Response) -> str | None:
+    """The problem+json ``code`` of an answer, or None if it is not one."""
+    if not response.headers.get("content-type", "").startswith("application/problem+json"):
+        return None
+    try:
+        code = response.json().get("code")
+    except (ValueError, AttributeError):
+        return None
+    return code if isinstance(code, str) else None

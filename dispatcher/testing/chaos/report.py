@@ -77,6 +77,8 @@ class ChaosReport:
             f"{s['replays']} replays, {s['runsStopped']} runs stopped",
             f"  by kind: {_pairs(s['byKind'])}",
             f"  not acknowledged: {_pairs(s['notAcknowledged']) or 'none'}",
+            f"  hostile_input: {_pairs(s['hostile']) or 'none'}; answered other than 4xx:"
+            f" {s['hostileMisanswered']}; valid refused as invalid: {s['validRefused']}",
             f"  approvals: {_pairs(s['approvals']) or 'none'}",
             f"calls by final status: {_pairs(self.calls_by_status)}",
             f"provider effects applied: {self.effects_applied}",

@@ -199,6 +199,8 @@ async def _run(
             ],
             read_only={READ_ONLY},
             dispatch_topic=env["TOOL_DISPATCHER_DISPATCH_TOPIC"],
+            hostile_misanswered=load.stats.hostile_misanswered,
+            valid_refused=load.stats.valid_refused,
         )
         return _report(
             options,
