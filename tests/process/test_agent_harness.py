@@ -50,6 +50,12 @@ def harness(
     )
 
 
+def provider_key(tool_call_id: str) -> str:
+    """The key the provider sees for a call the harness submits without one: its
+    toolCallId, qualified by the stack key's tenant (toolCallIds are per tenant)."""
+    return f"acme:{tool_call_id}"
+
+
 def call_ids(run_id: str) -> list[str]:
     return [f"{run_id}.toolu_0{n}" for n in (1, 2, 3)]
 
@@ -65,10 +71,10 @@ async def assert_written_once_and_valid(
     # One write_report call in the run (none under another id), its effect applied once.
     assert await harness.calls_of(run_id, "write_report") == [report]
     books = await harness.books()
-    assert books["effects"].get(report) == 1
+    assert books["effects"].get(provider_key(report)) == 1
     if sent_once:
         # Its request reached the provider once: nothing was sent again.
-        assert books["received"].get(report) == 1
+        assert books["received"].get(provider_key(report)) == 1
     return run_id
 
 
@@ -109,9 +115,8 @@ async def test_killed_then_resumed(
     books = await harness.books()
     # Nothing ran twice: a crash before the submit leaves nothing to repeat, and a
     # recorded outcome is reused.
-    assert {k: n for k, n in books["effects"].items() if k.startswith(run_id)} == dict.fromkeys(
-        call_ids(run_id), 1
-    )
+    mine = {k: n for k, n in books["effects"].items() if k.startswith(provider_key(run_id))}
+    assert mine == dict.fromkeys(map(provider_key, call_ids(run_id)), 1)
 
 
 async def settled_as(harness: Harness, tool_call_id: str, status: str) -> None:
@@ -141,7 +146,12 @@ async def test_a_report_in_doubt_is_an_honest_error_and_the_reconciler_settles_i
     # The sandbox writes the report and the answer is lost: tool-dispatcher records
     # result_unknown, and no reconciler runs in this stack until the test runs one.
     await harness.add_fault(
-        {"kind": "drop_after_apply", "method": "POST", "times": 1, "idempotencyKey": report}
+        {
+            "kind": "drop_after_apply",
+            "method": "POST",
+            "times": 1,
+            "idempotencyKey": provider_key(report),
+        }
     )
     code, _, _ = await harness.run(tmp_path, "--run-id", run_id, crash="after-submit:3")
     assert code == 137
@@ -188,7 +198,7 @@ async def test_a_read_only_call_without_an_outcome_is_run_again(
     # capabilities.toml; the provider client repeats a read-only request after a
     # timeout), the fourth and last the retry policy allows is answered at once.
     await harness.add_fault(
-        {"kind": "latency", "latencyMs": 15000, "times": 3, "idempotencyKey": notes}
+        {"kind": "latency", "latencyMs": 15000, "times": 3, "idempotencyKey": provider_key(notes)}
     )
     code, _, _ = await harness.run(tmp_path, "--run-id", run_id, crash="after-submit:1")
     assert code == 137
@@ -196,7 +206,7 @@ async def test_a_read_only_call_without_an_outcome_is_run_again(
     async with DispatcherClient(harness.api_url, API_KEY) as client:
 
         async def in_flight() -> bool:
-            if (await harness.books())["received"].get(notes, 0) < 1:
+            if (await harness.books())["received"].get(provider_key(notes), 0) < 1:
                 return False
             status = (await client.get(notes)).status
             assert status in {"authorized", "dispatching"}, status
