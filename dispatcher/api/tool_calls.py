@@ -34,10 +34,11 @@ from dispatcher.errors import (
     ToolCallNotFound,
     TransitionConflict,
 )
+from dispatcher.intake.approvals import approval_ref
 from dispatcher.metrics import INTAKE_SUBMISSIONS
 from dispatcher.schemas import RetryRequest, SubmitRequest, ToolCallView
 from dispatcher.states import SETTLED_STATES
-from dispatcher.views.queries import approval_ref, tool_call_row
+from dispatcher.views.queries import tool_call_row
 
 # A long-poll holds a request, not a connection to the database; the cap keeps it
 # below the idle timeouts of common proxies.

@@ -19,6 +19,7 @@ from dispatcher.control.actor import Actor
 from dispatcher.control.runs import lock_run
 from dispatcher.db.tables import tool_calls
 from dispatcher.errors import RetryNotAllowed, RunStopped, ToolCallNotFound
+from dispatcher.intake.approvals import approval_ref
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
 from dispatcher.ledger.transitions import move
@@ -26,7 +27,6 @@ from dispatcher.schemas import RetryRequest, ToolCallView
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
-from dispatcher.views.queries import approval_ref
 
 RETRIABLE = (S.FAILED, S.ESCALATED)
 

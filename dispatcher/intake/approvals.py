@@ -28,7 +28,7 @@ def asked_approval(approval: dict[str, Any] | None) -> ApprovalRef | None:
 async def recorded_approvals(
     session: AsyncSession, calls: list[tuple[str, str]]
 ) -> dict[tuple[str, str], ApprovalRef]:
-    """The recorded approvals of replayed calls, by (tenant, toolCallId)."""
+    """The recorded approvals of these calls (at most one each), by (tenant, toolCallId)."""
     if not calls:
         return {}
     rows = await session.execute(
@@ -41,3 +41,8 @@ async def recorded_approvals(
         ).where(tuple_(approvals_table.c.tenant, approvals_table.c.tool_call_id).in_(calls))
     )
     return {(r.tenant, r.tool_call_id): ApprovalRef.of(r._mapping) for r in rows}
+
+
+async def approval_ref(session: AsyncSession, tenant: str, tool_call_id: str) -> ApprovalRef | None:
+    """The recorded approval of one call, if it has one."""
+    return (await recorded_approvals(session, [(tenant, tool_call_id)])).get((tenant, tool_call_id))
