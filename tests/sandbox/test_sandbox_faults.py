@@ -126,6 +126,24 @@ async def test_error_applies_nothing_and_a_retry_succeeds(client: httpx.AsyncCli
 
 
 @pytest.mark.parametrize(
+    ("status", "code"),
+    [(408, "request_timeout"), (409, "in_flight"), (422, "rejected"), (400, "rejected")],
+)
+async def test_error_answers_any_4xx_and_applies_nothing(
+    client: httpx.AsyncClient, status: int, code: str
+) -> None:
+    """The provider contract's 4xx cases (408 and 409 are "no definitive answer", the
+    rest refusals) can be driven through the sandbox."""
+    failed = await post(client, f"e{status}", f"error; status={status}")
+    assert (failed.status_code, failed.json()["code"]) == (status, code)
+    rule = {"kind": "error", "status": status, "idempotencyKey": f"r{status}", "times": 1}
+    assert (await client.post("/v1/faults", json=rule)).status_code == 200
+    assert (await post(client, f"r{status}")).status_code == status
+    assert (await effects(client))["effects"] == {}
+    assert (await post(client, f"r{status}")).status_code == 200  # the rule was used up
+
+
+@pytest.mark.parametrize(
     ("fault", "status", "code"),
     [("rate_limit; retryAfter=3", 429, "rate_limited"), ("unavailable; retryAfter=3", 503, None)],
 )
@@ -196,7 +214,8 @@ async def test_admin_endpoints_are_never_faulted(client: httpx.AsyncClient) -> N
     "rule",
     [
         {"kind": "meltdown"},
-        {"kind": "error", "status": 404},
+        {"kind": "error", "status": 399},
+        {"kind": "error", "status": 600},
         {"kind": "timeout", "seconds": -1},
         {"kind": "latency", "times": 0},
         {"kind": "latency", "keyPrefx": "typo"},

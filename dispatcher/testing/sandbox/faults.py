@@ -21,7 +21,9 @@ class FaultKind(StrEnum):
     LATENCY = "latency"
     """Wait ``latencyMs``, then answer normally."""
     ERROR = "error"
-    """Answer ``status`` (5xx) without a definitive outcome; nothing is applied."""
+    """Answer ``status`` (4xx or 5xx) and apply nothing: a 5xx, 408 or 409 is "no
+    definitive answer" to the client, any other 4xx a refusal (see
+    docs/provider-contract.md)."""
     RATE_LIMIT = "rate_limit"
     """Answer 429 with ``Retry-After``; nothing is applied."""
     UNAVAILABLE = "unavailable"
@@ -181,7 +183,7 @@ def fault_from(spec: Mapping[str, object]) -> Fault:
     fault = Fault(
         kind=kind,
         latency_ms=_int(spec, "latencyMs", 0, 0, 600_000),
-        status=_int(spec, "status", 500, 500, 599),
+        status=_int(spec, "status", 500, 400, 599),
         retry_after=_int(spec, "retryAfter", 1, 0, 86_400),
         seconds=_seconds(spec.get("seconds")),
         apply=_bool(spec, "apply", True),

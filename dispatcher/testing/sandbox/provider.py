@@ -225,4 +225,17 @@ def fault_reply(fault: Fault) -> Reply:
         return problem(
             503, "unavailable", "try again later", ("retry-after", str(fault.retry_after))
         )
-    return problem(fault.status, "internal_error", "the provider failed; outcome not decided")
+    return problem(fault.status, *_ERRORS.get(fault.status, _error_of(fault.status)))
+
+
+# The words of an ``error`` fault's answer, by status: what a real provider would say.
+_ERRORS = {
+    408: ("request_timeout", "the request took too long; outcome not decided"),
+    409: ("in_flight", "a request with this key is still in flight"),
+}
+
+
+def _error_of(status: int) -> tuple[str, str]:
+    if status < 500:
+        return ("rejected", "the provider refused the request")
+    return ("internal_error", "the provider failed; outcome not decided")
