@@ -1,5 +1,6 @@
-"""Provider credentials are added at send time and never stored or logged; every
-request carries the call's stable Idempotency-Key and a traceparent."""
+"""Provider credentials are added at send time and never stored or logged, on every
+path a send can take (success, not sent, not sendable, lost answer, HTTP errors);
+every request carries the call's stable Idempotency-Key and a traceparent."""
 
 from __future__ import annotations
 
@@ -7,18 +8,22 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.provider.client import ProviderClient
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.testing.embedded import free_port
 from dispatcher.testing.registries import capability, registry_of
+from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from tests.fixtures.calls import submit_call
+from tests.fixtures.rows import assert_secret_nowhere, call_row, table_dumps
+from tests.fixtures.sandbox import add_fault
 
 pytestmark = pytest.mark.postgres
 
@@ -93,23 +98,75 @@ async def test_secret_is_sent_but_never_stored_or_logged(
     assert sent["idempotency-key"] == "refund:o-1"
     assert sent["traceparent"].startswith("00-") and len(sent["traceparent"]) == 55
 
-    async with sessions() as session:
-        tables = (
-            (
-                await session.execute(
-                    text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
-                )
-            )
-            .scalars()
-            .all()
-        )
-        assert {"tool_calls", "execution_events", "outbox"} <= set(tables)
-        for table in tables:
-            dump = (
-                await session.execute(
-                    text(f"SELECT coalesce(string_agg(t::text, '\n'), '') FROM \"{table}\" t")
-                )
-            ).scalar_one()
-            assert SECRET not in dump, table
+    dumps = await table_dumps(sessions)
+    assert {"tool_calls", "execution_events", "outbox"} <= set(dumps)
+    for table, dump in dumps.items():
+        assert SECRET not in dump, table
     assert caplog.records, "logging was captured"
     assert SECRET not in caplog.text
+
+
+# A fault on the first request, and the status it leaves the call in.
+FAILURES: dict[str, tuple[dict[str, Any] | None, str]] = {
+    "lost answer": ({"kind": "drop_after_apply"}, "result_unknown"),
+    "read timeout": ({"kind": "timeout"}, "result_unknown"),
+    "HTTP 500": ({"kind": "error", "status": 500}, "result_unknown"),
+    "HTTP 409": ({"kind": "error", "status": 409}, "result_unknown"),
+    "HTTP 422": ({"kind": "error", "status": 422}, "failed"),
+    "not sent": (None, "failed"),
+}
+
+
+@pytest.mark.parametrize("path", list(FAILURES))
+async def test_no_failure_path_stores_or_logs_the_secret(
+    sessions: async_sessionmaker[AsyncSession],
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+    caplog: pytest.LogCaptureFixture,
+    path: str,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    fault, status = FAILURES[path]
+    # "not sent": nothing listens there, every attempt is refused.
+    url = sandbox.url if fault else f"http://127.0.0.1:{free_port()}"
+    registry = registry_of(capability("refund", url, timeout=0.3, attempts=2))
+    if fault:
+        await add_fault(sandbox.url, {**fault, "method": "POST", "times": 1})
+    call = await submit_call(sessions, registry, "refund", {"n": 1}, key="refund:f-1")
+    executor = Executor(
+        sessions,
+        registry,
+        ProviderClient(http, {"refund": SECRET}),
+        worker_id="w",
+        topics=DEFAULT_TOPICS,
+    )
+
+    assert await executor.execute(call, "acme") is S(status)
+
+    assert (await call_row(sessions, call))["last_error"]
+    await assert_secret_nowhere(sessions, caplog, SECRET)
+
+
+async def test_a_credential_that_cannot_be_sent_is_not_quoted(
+    sessions: async_sessionmaker[AsyncSession],
+    sandbox: SandboxServer,
+    http: httpx.AsyncClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A credential no header can carry: httpx's and h11's errors quote the value; the
+    recorded error names only the exception's type."""
+    caplog.set_level(logging.DEBUG)
+    registry = registry_of(capability("refund", sandbox.url))
+    call = await submit_call(sessions, registry, "refund", {"n": 1}, key="refund:f-2")
+    executor = Executor(
+        sessions,
+        registry,
+        ProviderClient(http, {"refund": f"{SECRET}\r\nX-Injected: 1"}),
+        worker_id="w",
+        topics=DEFAULT_TOPICS,
+    )
+
+    assert await executor.execute(call, "acme") is S.FAILED
+
+    assert "nothing was sent" in (await call_row(sessions, call))["last_error"]
+    await assert_secret_nowhere(sessions, caplog, SECRET)
