@@ -3,19 +3,30 @@ CLI (a subprocess): list, acknowledge, resolve, and resolving twice."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import insert
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.control.escalations import escalate
+from dispatcher.db.errors import DbErrorClass, classify
+from dispatcher.db.tables import escalations
 from dispatcher.settings import ApiKey, Settings, hash_api_key
 from dispatcher.states import ExecutionStatus as S
 from tests.fixtures.api import bearer
 from tests.fixtures.calls import insert_unknown_calls
 from tests.fixtures.cli import run_cli
-from tests.fixtures.rows import call_row, event_payloads, outbox_rows
+from tests.fixtures.rows import (
+    call_row,
+    escalation_messages,
+    escalation_rows,
+    event_payloads,
+    outbox_rows,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -50,6 +61,50 @@ async def escalated_call(sessions: async_sessionmaker[AsyncSession], key: str) -
             producer="test",
         )
     return call, view.escalation_id
+
+
+async def test_a_second_open_of_the_same_episode_is_refused(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """The UNIQUE (tenant, tool_call_id, episode) backstop: a second opener that got
+    past the state machine (which today lets only one opener move the call) while the
+    first one's open is in flight is refused by the database, and one escalation and
+    one announcement remain."""
+    [call] = await insert_unknown_calls(sessions, ["k-twice"], "refund-order-v2")
+
+    async def second_open(episode: int) -> None:
+        async with sessions() as session, session.begin():
+            await session.execute(
+                insert(escalations).values(
+                    escalation_id="esc_second",
+                    tool_call_id=call,
+                    tenant="acme",
+                    episode=episode,
+                    status="open",
+                    reason="a racing reconciler",
+                    evidence={},
+                )
+            )
+
+    async with sessions() as session, session.begin():
+        first = await escalate(
+            session,
+            call,
+            tenant="acme",
+            expected=S.RESULT_UNKNOWN,
+            reason="lookups kept timing out",
+            evidence={},
+            producer="test",
+        )
+        racing = asyncio.create_task(second_open(first.episode))
+        await asyncio.sleep(0.2)  # the second insert reaches the index and waits on ours
+
+    with pytest.raises(IntegrityError) as refused:
+        await racing
+    assert classify(refused.value) is DbErrorClass.CONSTRAINT
+    assert "uq_escalations_call_episode" in str(refused.value.orig)
+    assert [r["escalation_id"] for r in await escalation_rows(sessions)] == [first.escalation_id]
+    assert len(await escalation_messages(sessions)) == 1
 
 
 async def test_resolve_over_http_settles_the_call_and_twice_is_409(
