@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.slow]
 def planted_run(
     tmp_path: Path, pg_server_url: str, kafka_bootstrap: str, plant: str, duration: int
 ) -> tuple[dict[str, Any], str]:
-    """A failing chaos run's report and its printed summary."""
+    """A failing chaos run's report, and its summary and fault log (as printed)."""
     report = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOL_DISPATCHER_")}
     env["TOOL_DISPATCHER_DATABASE_URL"] = pg_server_url
@@ -48,7 +48,7 @@ def planted_run(
     assert found["passed"] is False
     assert found["plant"] == plant
     assert "FAILED" in done.stdout
-    return found, done.stdout
+    return found, done.stdout + done.stderr[-3000:]
 
 
 def test_blind_retry_is_reported_as_duplicate_effects(
@@ -65,8 +65,8 @@ def test_stale_fence_is_reported_as_a_write_over_another_claim(
 ) -> None:
     # The run leads with a zombie holding read-only calls (run.PLANTS): stopped at 4 s,
     # woken about 10 s later as another worker claims one of them again.
-    found, _ = planted_run(tmp_path, pg_server_url, kafka_bootstrap, "stale-fence", 20)
+    found, printed = planted_run(tmp_path, pg_server_url, kafka_bootstrap, "stale-fence", 20)
     assert found["faults"].get("zombie_read_only", 0) >= 1
     stale = found["violations"]["7"]
-    assert stale["count"] > 0, found["violations"]
+    assert stale["count"] > 0, printed
     assert any("while the call was held by" in v for v in stale["samples"])

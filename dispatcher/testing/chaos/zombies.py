@@ -22,7 +22,7 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +36,9 @@ from dispatcher.testing.chaos.supervisor import Supervisor
 log = logging.getLogger(__name__)
 
 REQUESTS = "/v1/requests"
-CATCH_SECONDS = 6.0
-"""How long to wait for the victim to hold a call of the kind before stopping it anyway."""
+CATCH_SECONDS = 10.0
+"""How long to wait for a worker to hold a call of the kind before stopping one anyway
+(about 0.7 read-only submissions a second: seven, on average)."""
 CAUGHT_MS = 500
 """How long the provider takes to answer a read-only call while a zombie is being caught;
 a zombie's repeated read (its first one times out as it wakes) may take as long."""
@@ -75,9 +76,10 @@ BAITS = {
 }
 
 _HELD = """
-SELECT tool_call_id, idempotency_key FROM tool_calls
-WHERE status = 'dispatching' AND capability_id = ANY(%s) AND lease_owner LIKE %s
+SELECT tool_call_id, idempotency_key, lease_owner FROM tool_calls
+WHERE status = 'dispatching' AND capability_id = ANY(%s) AND lease_owner LIKE ANY(%s)
   AND updated_at < now() - make_interval(secs => %s)
+ORDER BY lease_owner
 """
 _RECLAIMED = """
 SELECT tool_call_id, lease_owner FROM tool_calls
@@ -87,6 +89,16 @@ LIMIT 1
 """
 
 
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Calls of one worker in flight: ``(tool_call_id, idempotency_key)`` each."""
+
+    worker: str
+    owner: str
+    """What the worker's lease owner starts with (a LIKE pattern)."""
+    calls: list[tuple[str, str]]
+
+
 @dataclass
 class FenceZombies:
     supervisor: Supervisor
@@ -94,44 +106,48 @@ class FenceZombies:
     sandbox: Sandbox
 
     async def stop(self, fault: PlannedFault) -> tuple[str, Awaitable[None] | None]:
-        """Stop a worker holding calls of the fault's kind; the target described, and
-        what wakes it up (None: it was not stopped)."""
+        """Stop the first worker caught holding calls of the fault's kind (or, none
+        caught, the fault's target); the target described, and what wakes it up (None:
+        it was not stopped)."""
         bait = BAITS[fault.kind]
         workers = self.supervisor.of_role("worker")
-        victim = workers[fault.target % len(workers)]
-        if victim.process is None or not self.supervisor.alive(victim.name):
-            return f"{victim.name} (down)", None
-        # The worker's id (dispatcher.worker.consumer.new_worker_id) names its pid.
-        owner = f"{socket.gethostname()}:{victim.process.pid}:%"
-        held = await self._catch(bait, owner)
-        if not self.supervisor.pause(victim.name):
-            return f"{victim.name} (already stopped)", None
-        held = held or await self._held(bait, owner)
+        # A worker's id (dispatcher.worker.consumer.new_worker_id) names its pid.
+        owners = {
+            m.name: f"{socket.gethostname()}:{m.process.pid}:%"
+            for m in workers[fault.target % len(workers) :] + workers
+            if m.process is not None and self.supervisor.alive(m.name)
+        }
+        if not owners:
+            return "no worker up", None
+        held = await self._catch(bait, owners) or Held(*next(iter(owners.items())), [])
+        if not self.supervisor.pause(held.worker):
+            return f"{held.worker} (already stopped)", None
         # The next request under each key (the new claim's) is slowed: the zombie wakes
         # up while the new claim is still in flight.
-        for _, key in held:
-            rule = {"kind": "latency", "latencyMs": SLOW_MS, "idempotencyKey": key, "times": 1}
-            await self._rule(rule)
-        ids = [call for call, _ in held]
+        slowed = {
+            call: await self._rule(
+                {"kind": "latency", "latencyMs": SLOW_MS, "idempotencyKey": key, "times": 1}
+            )
+            for call, key in held.calls
+        }
         deadline = time.monotonic() + fault.seconds
-        return f"{victim.name} holding {len(ids)}", self._wake(victim.name, owner, ids, deadline)
+        return f"{held.worker} holding {len(held.calls)}", self._wake(held, slowed, deadline)
 
-    async def _catch(self, bait: Bait, owner: str) -> list[tuple[str, str]]:
-        """The victim's calls caught by the bait, one request at a time: a rule for one
-        request, put back when another worker's request used it. None is left over when
-        one is caught, so the rules that slow the new claims come first."""
+    async def _catch(self, bait: Bait, owners: dict[str, str]) -> Held | None:
+        """The first worker caught holding calls by the bait, one request at a time: a
+        rule for one request, put back when it was used and nothing was caught. None is
+        left over when one is caught, so the rules that slow the new claims come first."""
         deadline = time.monotonic() + CATCH_SECONDS
         rule: int | None = None
         while time.monotonic() < deadline:
-            if held := await self._held(bait, owner):
+            if held := await self._held(bait, owners):
                 return held
-            rules = await self.sandbox("GET", "/v1/faults", None)
-            if rule not in {r["id"] for r in rules["rules"]}:
-                if rule is not None and (held := await self._held(bait, owner, settle=0.2)):
+            if rule not in await self._rules():
+                if rule is not None and (held := await self._held(bait, owners, settle=0.2)):
                     return held
                 rule = await self._rule({**bait.rule, "times": 1})
             await asyncio.sleep(0.05)
-        return []
+        return None
 
     async def _rule(self, rule: dict[str, Any]) -> int:
         """Install a rule on requests; its id."""
@@ -140,22 +156,43 @@ class FenceZombies:
         )
         return int(installed["rules"][-1]["id"])
 
-    async def _held(self, bait: Bait, owner: str, settle: float = 0.0) -> list[tuple[str, str]]:
+    async def _held(self, bait: Bait, owners: dict[str, str], settle: float = 0.0) -> Held | None:
         await asyncio.sleep(settle)
-        rows = await self._query(_HELD, list(bait.capabilities), owner, bait.held_for)
-        return [(str(r[0]), str(r[1])) for r in rows]
+        rows = await self._query(
+            _HELD, list(bait.capabilities), list(owners.values()), bait.held_for
+        )
+        for worker, owner in owners.items():  # the fault's target first
+            prefix = owner.rstrip("%")
+            if calls := [(str(r[0]), str(r[1])) for r in rows if str(r[2]).startswith(prefix)]:
+                return Held(worker, owner, calls)
+        return None
 
-    async def _wake(self, name: str, owner: str, ids: Sequence[str], deadline: float) -> None:
-        """Resume the zombie as soon as another claim of one of its calls shows (or at
-        ``deadline``, the planned stop's end)."""
+    async def _wake(self, held: Held, slowed: dict[str, int], deadline: float) -> None:
+        """Resume the zombie as soon as another claim of one of its calls shows and that
+        claim's request has reached the provider (or at ``deadline``, the planned stop's
+        end): woken earlier, the zombie's repeated read would take the slowed answer."""
+        ids = [call for call, _ in held.calls]
         if not ids:  # caught with nothing of the kind: a plain zombie
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))
         while ids and time.monotonic() < deadline:
-            if found := await self._query(_RECLAIMED, list(ids), owner):
-                log.info("waking %s: %s claimed by %s", name, found[0][0], found[0][1])
+            if found := await self._query(_RECLAIMED, ids, held.owner):
+                call, claimant = found[0]
+                await self._used(slowed[call], within=1.0)
+                log.info("waking %s: %s claimed by %s", held.worker, call, claimant)
                 break
             await asyncio.sleep(0.1)
-        self.supervisor.resume(name)
+        self.supervisor.resume(held.worker)
+
+    async def _used(self, rule: int, *, within: float) -> None:
+        """Return once ``rule`` is used up, or after ``within`` seconds."""
+        for _ in range(int(within / 0.02)):
+            if rule not in await self._rules():
+                return
+            await asyncio.sleep(0.02)
+
+    async def _rules(self) -> set[int]:
+        """The ids of the sandbox's rules not used up yet."""
+        return {int(r["id"]) for r in (await self.sandbox("GET", "/v1/faults", None))["rules"]}
 
     async def _query(self, statement: str, *params: Any) -> list[tuple[Any, ...]]:
         try:
