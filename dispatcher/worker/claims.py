@@ -131,7 +131,13 @@ async def claim_calls(
             tool_calls.c.capability_id
             == any_(bindparam("capabilities", list(leases), type_=ARRAY(Text)))
         ],
-        row_payload=lambda row: {"worker": owner, "leaseSeconds": leases[row["capability_id"]]},
+        # The claim's identity (owner, version): every outcome recorded for it names the
+        # same, so the log shows which claim each outcome ended (the chaos checker's fence).
+        row_payload=lambda row: {
+            "worker": owner,
+            "claimVersion": row["version"],
+            "leaseSeconds": leases[row["capability_id"]],
+        },
     )
     now = time.monotonic()
     rows = [m.row for m in moved]

@@ -253,7 +253,8 @@ class OutcomeRecorder:
                         or s.claim.external_request_id,
                         **values(s),
                     },
-                    _evidence(s.outcome),
+                    # The claim this outcome ends, as its dispatching event named it.
+                    {**_evidence(s.outcome), "worker": self.owner, "claimVersion": s.claim.version},
                     tenant=s.claim.tenant,
                 )
                 for s in items

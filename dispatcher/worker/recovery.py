@@ -111,6 +111,7 @@ def _why(m: RowMapping, rule: Recovery) -> dict[str, Any]:
     return {
         "reason": "worker lost between claim and outcome (lease expired)",
         "deadWorker": m["lease_owner"],
+        "claimVersion": m["version"],
         "rule": rule,
     }
 

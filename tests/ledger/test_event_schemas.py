@@ -31,6 +31,7 @@ from dispatcher.schemas import DecisionRequest, EventView, Finding, RetryRequest
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import EscalationStatus
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.testing.chaos.checker import unfenced
 from dispatcher.testing.registries import capability
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.views.run_view import fold_run
@@ -256,3 +257,7 @@ async def test_every_event_written_matches_its_schema_and_folds_to_the_state(
             folded[call.tool_call_id] = (call.status.value, call.verification_status.value)
     recorded = {k: (c["status"], c["verification_status"]) for k, c in calls.items()}
     assert folded == recorded
+
+    # Each move out of a claim (an outcome, a takeover) names the claim it ends, as the
+    # claim's event named it: what the chaos checker's fencing invariant reads.
+    assert unfenced([(row["tenant"], EventView.of(row)) for row in rows]) == []

@@ -11,10 +11,13 @@ from typing import Any
 
 import pytest
 
+from dispatcher.cli import dev
+from dispatcher.ledger.messages import Producer
 from dispatcher.schemas import EventView
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import VerificationStatus as V
-from dispatcher.testing.chaos.checker import CallRecord, Evidence, check
+from dispatcher.testing.chaos import run
+from dispatcher.testing.chaos.checker import CallRecord, Evidence, check, unfenced
 from dispatcher.testing.chaos.proxy import ProxyMode, TcpProxy
 from dispatcher.testing.chaos.schedule import FaultKind, applicable, plan
 
@@ -51,16 +54,39 @@ def test_lead_fault_comes_first() -> None:
     assert faults[0].times > 0
 
 
+def test_a_lead_zombie_has_the_run_to_itself_until_it_is_lifted() -> None:
+    for seed in range(20):
+        lead, *rest = plan(
+            seed, 60, owns_database=True, owns_broker=True, lead=FaultKind.ZOMBIE_READ_ONLY
+        )
+        assert lead.kind is FaultKind.ZOMBIE_READ_ONLY
+        assert all(f.at > lead.at + lead.seconds for f in rest)
+
+
+def test_fence_zombies_may_stop_a_worker_past_a_takeover() -> None:
+    faults = plan(7, 90, owns_database=True, owns_broker=True)
+    by_kind = {f.kind: f for f in faults}
+    # A re-dispatch: the lease (about 7 s) and a claim; a re-send: inFlightSeconds (10 s).
+    assert by_kind[FaultKind.ZOMBIE_READ_ONLY].seconds > 10
+    assert by_kind[FaultKind.ZOMBIE_RESEND].seconds > 15
+
+
+def test_every_plant_the_cli_offers_is_one_the_harness_runs() -> None:
+    assert set(dev.PLANTS) == set(run.PLANTS)
+
+
 T = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def event(call: str, event_type: str, n: int, **payload: Any) -> tuple[str, EventView]:
+def event(
+    call: str, event_type: str, n: int, producer: str = Producer.WORKER, **payload: Any
+) -> tuple[str, EventView]:
     return "t", EventView(
         event_id=f"{call}-{n}",
         event_type=event_type,
         run_id="run-1",
         turn_id=None,
-        producer="test",
+        producer=producer,
         reasoning_object_id=None,
         capability_id="refund",
         correlation_id=None,
@@ -76,9 +102,32 @@ def completed_log(call: str) -> list[tuple[str, EventView]]:
     return [
         event(call, "tool.call.requested", 0),
         event(call, "tool.call.authorized", 1),
-        event(call, "tool.call.dispatching", 2, to="dispatching"),
-        event(call, "tool.call.completed", 3, to="completed"),
+        claimed(call, 2, "w-1", 3),
+        ended(call, 3, "w-1", 3),
+        event(call, "tool.call.completed", 4, **{"from": ["accepted"]}, to="completed"),
     ]
+
+
+def claimed(call: str, n: int, worker: str, version: int) -> tuple[str, EventView]:
+    return event(
+        call, "tool.call.dispatching", n, to="dispatching", worker=worker, claimVersion=version
+    )
+
+
+def ended(
+    call: str, n: int, worker: str, version: int, to: str = "accepted"
+) -> tuple[str, EventView]:
+    """An outcome recorded for the claim ``worker`` took at ``version``."""
+    fields = {"from": ["dispatching"], "to": to, "worker": worker, "claimVersion": version}
+    return event(call, f"tool.call.{to}", n, **fields)
+
+
+def taken_over(call: str, n: int, worker: str, version: int) -> tuple[str, EventView]:
+    """The recovery sweep re-dispatches a read-only call whose worker's lease lapsed."""
+    fields = {"from": ["dispatching"], "to": "authorized", "deadWorker": worker}
+    return event(
+        call, "tool.call.redispatched", n, Producer.RECOVERY, **fields, claimVersion=version
+    )
 
 
 def call(
@@ -103,7 +152,7 @@ def counts(evidence: Evidence) -> dict[int, int]:
 
 
 def test_a_clean_run_has_no_violations() -> None:
-    assert counts(clean()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0}
+    assert counts(clean()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0}
 
 
 def test_lost_submission_and_replay_mismatch_violate_1() -> None:
@@ -117,7 +166,7 @@ def test_a_hostile_submission_not_refused_or_a_valid_one_refused_violates_6() ->
     evidence = clean()
     evidence.hostile_misanswered = ["nul_in_input b'{...}': 503 service_unavailable"]
     evidence.valid_refused = ['{"runId": ...}: 400 validation_failed']
-    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 2}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 2, 7: 0}
 
 
 def test_stuck_calls_violate_2() -> None:
@@ -125,7 +174,7 @@ def test_stuck_calls_violate_2() -> None:
     evidence.calls = {"a": call("a", S.RESULT_UNKNOWN)}
     evidence.events = [*completed_log("a")[:3], event("a", "x", 9, to="result_unknown")]
     evidence.effects = {}
-    assert counts(evidence) == {1: 0, 2: 1, 3: 0, 4: 0, 5: 0, 6: 0}
+    assert counts(evidence) == {1: 0, 2: 1, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0}
 
 
 @pytest.mark.parametrize(
@@ -147,7 +196,7 @@ def test_effects_that_disagree_with_the_status_violate_3(
     evidence.events = [*completed_log("a")[:3], event("a", "x", 9, to=status.value)]
     evidence.effects = {"k-a": effects}
     evidence.reversals = {"k-a": reversals}
-    assert counts(evidence) == {1: 0, 2: 0, 3: 1, 4: 0, 5: 0, 6: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 1, 4: 0, 5: 0, 6: 0, 7: 0}
 
 
 def test_effect_under_a_key_no_call_has_violates_3() -> None:
@@ -169,7 +218,7 @@ def test_read_only_calls_are_only_checked_for_duplicates() -> None:
 def test_status_the_log_does_not_reproduce_violates_4() -> None:
     evidence = clean()
     evidence.events = completed_log("a")[:3]
-    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 1, 5: 0, 6: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 1, 5: 0, 6: 0, 7: 0}
 
 
 def test_unpublished_rows_and_dead_letters_violate_5() -> None:
@@ -177,6 +226,76 @@ def test_unpublished_rows_and_dead_letters_violate_5() -> None:
     evidence.unpublished = 3
     evidence.dead_letters = ["row 9 key a: too large"]
     assert counts(evidence)[5] == 2
+
+
+def test_a_claim_taken_over_and_ended_by_its_new_holder_keeps_7() -> None:
+    log = [
+        *completed_log("a")[:3],
+        taken_over("a", 3, "w-1", 3),
+        claimed("a", 4, "w-2", 5),
+        ended("a", 5, "w-2", 5),
+        event("a", "tool.call.completed", 6, **{"from": ["accepted"]}, to="completed"),
+    ]
+    assert unfenced(log) == []
+    evidence = clean()
+    evidence.events = log
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0}
+
+
+def test_a_stale_write_after_another_workers_claim_violates_7() -> None:
+    """A zombie's outcome recorded over the claim that took its call over: its fence
+    was reduced to the status check, and the call was ``dispatching`` again."""
+    evidence = clean()
+    evidence.events = [
+        *completed_log("a")[:3],
+        taken_over("a", 3, "w-1", 3),
+        claimed("a", 4, "w-2", 5),
+        ended("a", 5, "w-1", 3),  # w-1 woke up; w-2's own answer is fenced out after it
+        event("a", "tool.call.completed", 6, **{"from": ["accepted"]}, to="completed"),
+    ]
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 1}
+    [found] = check(evidence)[7]
+    assert "by w-1 for its claim at version 3" in found and "held by w-2 at version 5" in found
+
+
+def test_a_stale_write_over_a_reconcilers_resend_violates_7() -> None:
+    log = [
+        *completed_log("a")[:3],
+        event(
+            "a", "tool.call.result_unknown", 3, Producer.RECOVERY,
+            **{"from": ["dispatching"]}, to="result_unknown", deadWorker="w-1", claimVersion=3,
+        ),
+        event(
+            "a", "tool.call.redispatched", 4, Producer.RECONCILER,
+            **{"from": ["result_unknown"]}, to="dispatching", worker="rec", claimVersion=6,
+        ),
+        ended("a", 5, "w-1", 3, to="result_unknown"),
+    ]  # fmt: skip
+    assert len(unfenced(log)) == 1
+
+
+@pytest.mark.parametrize(
+    ("worker", "version"),
+    [("w-2", 3), ("w-1", 2)],  # another worker; the right worker, an older claim
+)
+def test_an_outcome_not_by_the_claims_holder_at_its_version_violates_7(
+    worker: str, version: int
+) -> None:
+    evidence = clean()
+    evidence.events = [*completed_log("a")[:3], ended("a", 3, worker, version)]
+    evidence.calls = {"a": call("a", S.ACCEPTED, V.PENDING)}
+    assert counts(evidence)[7] == 1
+
+
+def test_an_outcome_with_no_claim_or_a_takeover_of_none_violates_7() -> None:
+    log = [
+        *completed_log("a")[:3],
+        taken_over("a", 3, "w-1", 3),
+        ended("a", 4, "w-1", 3),  # the sweep ended w-1's claim: nothing left to end
+    ]
+    assert unfenced(log) == ["a: tool.call.accepted by w-1 for its claim at version 3, "
+                             "while the call was held by no claim"]  # fmt: skip
+    assert len(unfenced([*completed_log("b")[:2], taken_over("b", 2, "w-1", 3)])) == 1
 
 
 async def echo_server() -> asyncio.Server:

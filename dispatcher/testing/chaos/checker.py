@@ -1,4 +1,4 @@
-"""The five invariants a chaos run must end with, checked against what the database
+"""The seven invariants a chaos run must end with, checked against what the database
 recorded and what the provider (the sandbox) actually did.
 
 :func:`check` is pure (evidence in, violations out); :func:`gather` collects the
@@ -30,6 +30,7 @@ INVARIANTS: dict[int, str] = {
     4: "replaying the event log reproduces each call's status",
     5: "no outbox row left unpublished, no dead letter unexplained",
     6: "every hostile submission refused with a 4xx, no valid one refused as invalid",
+    7: "every move out of a claim was made by the claim's holder at its version",
 }
 
 _NO_EFFECT = {S.FAILED, S.REJECTED, S.CANCELLED}
@@ -111,6 +112,7 @@ def check(evidence: Evidence) -> dict[int, list[str]]:
     violations[5] += [f"dead letter: {d}" for d in evidence.dead_letters]
     violations[6] = [f"hostile: {h}" for h in evidence.hostile_misanswered]
     violations[6] += [f"valid refused: {v}" for v in evidence.valid_refused]
+    violations[7] = unfenced(evidence.events)
     return violations
 
 
@@ -135,6 +137,37 @@ def _effects(call: CallRecord, applied: int, reversed_: int) -> list[str]:
     if reversed_ and call.status not in (S.COMPENSATED, S.ESCALATED):
         return [f"{who}: reversed {reversed_} time(s) but not compensated"]
     return []
+
+
+def unfenced(events: Iterable[tuple[str, EventView]]) -> list[str]:
+    """Moves out of ``dispatching`` that did not end the claim that held the call.
+
+    A claim (a ``dispatching`` event) names its holder (``worker``) and the version it
+    left (``claimVersion``); the move that ends it (an outcome, or the recovery sweep's
+    takeover) must name the same, because it is fenced by both. One that names an
+    older claim is a stale write: a worker that lost its lease recorded over another
+    worker's claim of the same call.
+    """
+    held: dict[tuple[str, str], tuple[object, object] | None] = {}
+    found = []
+    for tenant, event in events:
+        if event.tool_call_id is None:
+            continue
+        call, payload = (tenant, event.tool_call_id), event.payload
+        if payload.get("to") == S.DISPATCHING.value:
+            held[call] = (payload.get("worker"), payload.get("claimVersion"))
+            continue
+        if S.DISPATCHING.value not in payload.get("from", ()):
+            continue
+        by = payload.get("deadWorker" if event.producer == Producer.RECOVERY else "worker")
+        ended, claim = (by, payload.get("claimVersion")), held.pop(call, None)
+        if ended != claim:
+            shown = f"{claim[0]} at version {claim[1]}" if claim else "no claim"
+            found.append(
+                f"{event.tool_call_id}: {event.event_type} by {ended[0]} for its claim at"
+                f" version {ended[1]}, while the call was held by {shown}"
+            )
+    return found
 
 
 def _replayed(

@@ -16,6 +16,7 @@ from dispatcher.testing.chaos.infra import Infrastructure
 from dispatcher.testing.chaos.proxy import ProxyMode, TcpProxy
 from dispatcher.testing.chaos.schedule import KILLS, FaultKind, PlannedFault
 from dispatcher.testing.chaos.supervisor import Supervisor
+from dispatcher.testing.chaos.zombies import BAITS, FenceZombies
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,14 @@ class Injector:
     last_injected: float | None = None
     """When (monotonic) the last fault was injected."""
     _lifting: set[asyncio.Task[None]] = field(default_factory=set)
+    _zombies: FenceZombies = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._zombies = FenceZombies(
+            self.supervisor,
+            self.infra.database_url,
+            self._sandbox,
+        )
 
     async def inject(self, fault: PlannedFault, at: float) -> None:
         target = await self._apply(fault)
@@ -75,6 +84,11 @@ class Injector:
             if self.supervisor.pause(victim):
                 self._later(fault.seconds, self._resume(victim))
             return victim
+        if kind in BAITS:
+            target, wake = await self._zombies.stop(fault)
+            if wake is not None:
+                self._later(0.0, wake)
+            return target
         if kind is FaultKind.BROKER_RESTART:
             await self.infra.kill_broker()
             self._later(fault.seconds, self.infra.start_broker())
@@ -121,7 +135,8 @@ class Injector:
         self.supervisor.release_all()
         await self._sandbox("DELETE", "/v1/faults")
 
-    async def _sandbox(self, method: str, path: str, body: Any = None) -> None:
+    async def _sandbox(self, method: str, path: str, body: Any = None) -> Any:
         async with httpx.AsyncClient(base_url=self.sandbox_url, timeout=5.0) as client:
             response = await client.request(method, path, json=body)
             response.raise_for_status()
+            return response.json()

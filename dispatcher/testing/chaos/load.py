@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 SIDE_EFFECTS = "refund"
 APPROVED = "refund-approved"
 READ_ONLY = "lookup"
+# How the capabilities' idempotency keys begin (their templates, in the run's registry):
+# the sandbox's fault rules pick a kind of call by it.
+SIDE_EFFECT_KEYS = "refund:"
+READ_ONLY_KEYS = "lookup:"
 CALLS_PER_RUN = 6
 # The share of submissions that are hostile (dispatcher.testing.hostile): each must be
 # refused with a 4xx and write nothing, and must not hurt the valid ones beside it.

@@ -29,7 +29,14 @@ from dispatcher.testing.chaos.checker import (
 )
 from dispatcher.testing.chaos.faults import Injector
 from dispatcher.testing.chaos.infra import Infrastructure, infrastructure
-from dispatcher.testing.chaos.load import APPROVED, READ_ONLY, SIDE_EFFECTS, Load
+from dispatcher.testing.chaos.load import (
+    APPROVED,
+    READ_ONLY,
+    READ_ONLY_KEYS,
+    SIDE_EFFECT_KEYS,
+    SIDE_EFFECTS,
+    Load,
+)
 from dispatcher.testing.chaos.proxy import TcpProxy
 from dispatcher.testing.chaos.report import ChaosReport
 from dispatcher.testing.chaos.schedule import FaultKind, PlannedFault, plan
@@ -39,8 +46,12 @@ from dispatcher.topics import ensure_topics
 
 log = logging.getLogger(__name__)
 
-PLANTS = {"blind-retry": "dispatcher.testing.chaos.blind_worker"}
-"""Planted defects: the module the workers run instead of the real worker."""
+PLANTS = {
+    "blind-retry": ("dispatcher.testing.chaos.blind_worker", FaultKind.PROVIDER_DROP_AFTER_APPLY),
+    "stale-fence": ("dispatcher.testing.chaos.stale_fence_worker", FaultKind.ZOMBIE_READ_ONLY),
+}
+"""Planted defects: the module the workers run instead of the real worker, and the
+fault a planted run (a short one) leads with so that the defect has work to do early."""
 WORKERS = 2
 RELAYS = 2
 TENANT = "chaos"
@@ -78,14 +89,14 @@ def capabilities_toml(proxy_url: str, sandbox_url: str) -> str:
     )
     side_effects = (
         'sideEffects = true\nonRunStopped = "compensate"\n'
-        'idempotencyKeyTemplate = "refund:{input.orderId}:{correlationId}"\n'
+        f'idempotencyKeyTemplate = "{SIDE_EFFECT_KEYS}{{input.orderId}}:{{correlationId}}"\n'
     )
     return (
         f'[[capability]]\nid = "{SIDE_EFFECTS}"\n{side_effects}{requests}\n{lookups}\n'
         f'[[capability]]\nid = "{APPROVED}"\n{side_effects}requiresApproval = true\n'
         f"{requests}\n{lookups}\n"
         f'[[capability]]\nid = "{READ_ONLY}"\nsideEffects = false\n'
-        'idempotencyKeyTemplate = "lookup:{input.orderId}:{correlationId}"\n'
+        f'idempotencyKeyTemplate = "{READ_ONLY_KEYS}{{input.orderId}}:{{correlationId}}"\n'
         f"{requests}\n{lookups}"
     )
 
@@ -168,8 +179,7 @@ async def _run(
         options.duration,
         owns_database=infra.owns_database,
         owns_broker=infra.owns_broker,
-        # A planted run is short: lose an answer early so the defect has work to do.
-        lead=FaultKind.PROVIDER_DROP_AFTER_APPLY if options.plant else None,
+        lead=PLANTS[options.plant][1] if options.plant else None,
     )
     watcher: asyncio.Task[None] | None = None
     try:
@@ -286,7 +296,7 @@ def _supervisor(
     cli = ["-m", "dispatcher"]
     supervisor.add("sandbox", "sandbox", [*cli, "sandbox", "--port", str(sandbox_port)])
     supervisor.add("api", "api", [*cli, "serve"])
-    worker = ["-m", PLANTS[plant]] if plant else [*cli, "worker"]
+    worker = ["-m", PLANTS[plant][0]] if plant else [*cli, "worker"]
     for i in range(WORKERS):
         supervisor.add(f"worker-{i}", "worker", worker)
     for i in range(RELAYS):

@@ -34,6 +34,12 @@ class FaultKind(StrEnum):
     PROXY_DELAY = "proxy_delay"
     ZOMBIE = "zombie"
     """A worker SIGSTOPped past its lease, resumed after the call was taken over."""
+    ZOMBIE_READ_ONLY = "zombie_read_only"
+    """A worker stopped holding read-only calls, resumed once another worker claimed
+    one again (:mod:`dispatcher.testing.chaos.zombies`)."""
+    ZOMBIE_RESEND = "zombie_resend"
+    """A worker stopped holding side-effecting calls the provider never applied,
+    resumed once the reconciler re-sent one."""
 
 
 KILLS = {
@@ -81,7 +87,8 @@ def plan(
     """Faults spread over ``[warmup, duration)`` about ``mean_gap`` apart.
 
     Kinds are dealt from shuffled decks of every applicable kind, so a run long enough
-    for one deck injects each kind at least once; ``lead`` (if given) comes first.
+    for one deck injects each kind at least once; ``lead`` (if given) comes first, alone
+    until it is lifted.
     Each fault is lifted before the fault phase ends.
     """
     rng = random.Random(seed)  # noqa: S311 - replayable, not secret
@@ -105,6 +112,10 @@ def plan(
                 times=rng.randint(5, 30) if kind.value.startswith("provider_") else 0,
             )
         )
+        if lead is not None and len(faults) == 1:
+            # The lead has the run to itself until it is lifted: nothing else gets in the
+            # way of the defect it is there to provoke (a worker killed under a zombie).
+            at += seconds
         at += rng.uniform(0.5, 1.5) * mean_gap
     return faults
 
@@ -114,6 +125,13 @@ def _seconds(rng: random.Random, kind: FaultKind) -> float:
         # Past the lease (timeouts x attempts + margin: about 7 s with the chaos
         # registry) and the broker's session timeout, so another worker takes over.
         return rng.uniform(10.0, 13.0)
+    # The longest these stop a worker: each is resumed as soon as another claim of one
+    # of its calls shows. A re-dispatch takes the lease (about 7 s) and a claim; a
+    # re-send also waits out the capability's inFlightSeconds (10 s) and a lookup.
+    if kind is FaultKind.ZOMBIE_READ_ONLY:
+        return rng.uniform(14.0, 16.0)
+    if kind is FaultKind.ZOMBIE_RESEND:
+        return rng.uniform(20.0, 24.0)
     if kind in (FaultKind.PROXY_STALL, FaultKind.PROXY_CUT, FaultKind.PROXY_DELAY):
         return rng.uniform(2.0, 6.0)
     if kind in (FaultKind.BROKER_RESTART, FaultKind.DB_RESTART):

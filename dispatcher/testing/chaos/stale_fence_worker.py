@@ -1,0 +1,52 @@
+"""``python -m dispatcher.testing.chaos.stale_fence_worker``: a worker with one defence
+switched off ON PURPOSE, for proving that the chaos checker sees fencing
+(`tool-dispatcher chaos --plant stale-fence`). Never run it against a real provider.
+
+The defence: point B records an outcome only while this worker still holds the claim
+it sent under, fenced by the lease owner and the claim's version. This worker's fence
+is reduced to the status check (``status = 'dispatching'``), so a worker that stalled
+past its lease records its stale answer over another worker's claim of the same call
+once the call is ``dispatching`` again: a read-only call the recovery sweep re-dispatched,
+or a side-effecting one the reconciler re-sent. (The real code is left untouched: the
+name the recorder calls is rebound in this process only.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from dispatcher.cli.parsing import require_registry, until_signal
+from dispatcher.ledger.transitions import BulkMove, Moved, move_many
+from dispatcher.settings import load_settings
+from dispatcher.worker import outcomes
+from dispatcher.worker.consumer import run_worker
+
+
+async def status_only(
+    session: AsyncSession, moves: Sequence[BulkMove], *, lease_owner: str | None, **kw: Any
+) -> list[Moved]:
+    """:func:`move_many` without the owner and version fence of a move out of a claim.
+
+    Only the recorder's ``dispatching ->`` step names a lease owner; its second step
+    (``accepted ->`` final, in the same transaction) keeps its own version fence."""
+    if lease_owner is None:
+        return await move_many(session, moves, lease_owner=None, **kw)
+    unfenced = [replace(m, version=None) for m in moves]
+    return await move_many(session, unfenced, lease_owner=None, **kw)
+
+
+def main() -> int:
+    settings = load_settings()
+    # The recorder's own name for the fenced UPDATE, rebound in this process only.
+    outcomes.move_many = status_only  # type: ignore[attr-defined]
+    registry = require_registry(settings)
+    return asyncio.run(until_signal(lambda stop: run_worker(settings, registry, stop)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
