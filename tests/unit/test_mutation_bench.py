@@ -32,8 +32,9 @@ def test_a_mutant_is_described_by_its_function_and_change() -> None:
     assert description(method, diff).startswith("Claim.key: ")
 
 
-def test_equivalent_mutants_leave_the_denominator() -> None:
-    score = Score("m", statuses={"a": "killed", "b": "survived", "c": "survived"})
+def test_equivalent_and_unrun_mutants_leave_the_denominator() -> None:
+    statuses = {"a": "killed", "b": "survived", "c": "survived", "d": "not run"}
+    score = Score("m", statuses=statuses)
     assert score.score == 1 / 3
     score.equivalent = {"c": "a log line"}
     assert (score.score, score.count("survived")) == (1 / 2, 1)
