@@ -78,7 +78,12 @@ TARGETS: dict[str, Target] = {
     "dispatcher/worker/outcomes.py": Target(_WORKER, 120),
     # Recovery of lapsed leases and redrive of commands the broker never delivered.
     "dispatcher/worker/recovery.py": Target(
-        ("tests/unit/test_recovery_rule.py", "tests/worker/test_recovery.py"), 120
+        (
+            "tests/unit/test_recovery_rule.py",
+            "tests/worker/test_recovery.py",
+            "tests/worker/test_mutation_recovery.py",
+        ),
+        120,
     ),
     "dispatcher/worker/redrive.py": Target(("tests/worker/test_redrive.py",), 120),
     # The relay's publish and settle.
@@ -87,7 +92,9 @@ TARGETS: dict[str, Target] = {
     ),
     "outbox_relay/settle.py": Target(("tests/unit/test_relay_units.py",), 40),
     # Intake's key and fingerprint, and what an approval binds itself to.
-    "dispatcher/intake/keys.py": Target(("tests/intake/test_intake_library.py",), 60),
+    "dispatcher/intake/keys.py": Target(
+        ("tests/unit/test_mutation_keys.py", "tests/intake/test_intake_library.py"), 60
+    ),
     "dispatcher/intake/approvals.py": Target(
         ("tests/control/test_approvals.py", "tests/control/test_approval_in_view.py"), 60
     ),
