@@ -203,7 +203,10 @@ print(json.dumps({"exit_codes": meta, "diffs": diffs}))
 """
 
 
-def run_module(module: str, target: Target, jobs: int, scale: float, env: dict[str, str]) -> Score:
+def run_module(
+    module: str, target: Target, jobs: int, budget: float | None, env: dict[str, str]
+) -> Score:
+    """mutmut over ``module`` in a scratch copy, stopped after ``budget`` seconds."""
     root = scratch_copy(module, target)
     log = root / "mutmut.log"
     started = time.monotonic()
@@ -215,11 +218,9 @@ def run_module(module: str, target: Target, jobs: int, scale: float, env: dict[s
                 cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
             try:
-                proc.wait(timeout=target.budget_seconds * scale if scale else None)
+                proc.wait(timeout=budget)
             except subprocess.TimeoutExpired:
-                print(
-                    f"  {module}: budget of {target.budget_seconds * scale:.0f} s spent; stopping"
-                )
+                print(f"  budget of {budget:.0f} s spent; stopping", flush=True)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -304,21 +305,31 @@ def main(argv: list[str] | None = None) -> int:
         "--budget-scale", type=float, default=1.0, help="times each budget (0: no budget)"
     )
     args = parser.parse_args(argv)
-    chosen = args.module or list(TARGETS)
+    # Smallest budgets first: the pure modules finish early and leave their spare time
+    # to the ones whose tests need the database.
+    chosen = sorted(args.module or TARGETS, key=lambda m: TARGETS[m].budget_seconds)
     equivalent = load_equivalent()
     started = time.monotonic()
     scores = []
+    spare = 0.0  # what the modules before left of their budgets goes to the next one
     with services(any(TARGETS[m].broker for m in chosen)) as env:
         for module in chosen:
-            print(f"mutating {module} against {' '.join(TARGETS[module].tests)}", flush=True)
-            score = run_module(module, TARGETS[module], args.jobs, args.budget_scale, env)
+            target = TARGETS[module]
+            budget = (
+                target.budget_seconds * args.budget_scale + spare if args.budget_scale else None
+            )
+            print(f"mutating {module} against {' '.join(target.tests)}", flush=True)
+            score = run_module(module, target, args.jobs, budget, env)
+            spare = max(0.0, budget - score.seconds) if budget is not None else 0.0
             judge(score, equivalent.get(module, {}))
             print(f"  {len(score.statuses)} mutants, {score.score:.0%}, {score.seconds:.0f} s")
+            # Each module's mutants as soon as they are known: a long run stopped early
+            # still says what it found.
+            for line in details([score]):
+                print(line, flush=True)
             scores.append(score)
     print(f"\n{table(scores)}\n\nmeasured {time.strftime('%Y-%m-%d', time.gmtime())}, "
           f"{time.monotonic() - started:.0f} s in all")  # fmt: skip
-    for line in details(scores):
-        print(line)
     return 0
 
 
