@@ -92,9 +92,8 @@ TARGETS: dict[str, Target] = {
     ),
     "outbox_relay/settle.py": Target(("tests/unit/test_relay_units.py",), 40),
     # Intake's key and fingerprint, and what an approval binds itself to.
-    "dispatcher/intake/keys.py": Target(
-        ("tests/unit/test_mutation_keys.py", "tests/intake/test_intake_library.py"), 60
-    ),
+    # Pure functions: their unit tests alone (the intake tests take a database each).
+    "dispatcher/intake/keys.py": Target(("tests/unit/test_mutation_keys.py",), 40),
     "dispatcher/intake/approvals.py": Target(
         ("tests/control/test_approvals.py", "tests/control/test_approval_in_view.py"), 60
     ),
