@@ -73,7 +73,7 @@ TARGETS: dict[str, Target] = {
         140,
     ),
     # Point A (the claim, before the send) and point B (the outcome, after it).
-    "dispatcher/worker/claims.py": Target(_WORKER, 100),
+    "dispatcher/worker/claims.py": Target(("tests/unit/test_mutation_claims.py", *_WORKER), 100),
     "dispatcher/worker/executor.py": Target(_WORKER, 140),
     "dispatcher/worker/outcomes.py": Target(_WORKER, 120),
     # Recovery of lapsed leases and redrive of commands the broker never delivered.
