@@ -58,7 +58,11 @@ class Target:
     broker: bool = False
 
 
-_WORKER = ("tests/worker/test_execution.py", "tests/worker/test_execution_batch.py")
+_WORKER = (
+    "tests/worker/test_execution.py",
+    "tests/worker/test_execution_batch.py",
+    "tests/worker/test_mutation_outcomes.py",
+)
 TARGETS: dict[str, Target] = {
     # Provider classification: which answers are definitive, which are "sent, unknown".
     "dispatcher/provider/contract.py": Target(
