@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dispatcher.settings import DEFAULT_TOPICS
+from dispatcher.ledger.messages import Producer, ce_source
+from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.testing.registries import capability, registry_of
 from dispatcher.worker.recovery import recover_expired
 from tests.fixtures.calls import insert_call
@@ -20,6 +21,8 @@ from tests.fixtures.rows import call_row, events_of, outbox_rows
 pytestmark = pytest.mark.postgres
 
 Sessions = async_sessionmaker[AsyncSession]
+# Topics of this deployment's own: recovery must write where it is told to.
+TOPICS = Topics(dispatch="site.commands", events="site.events", escalations="site.escalations")
 REGISTRY = registry_of(capability("refund"), capability("lookup", side_effects=False))
 
 
@@ -44,8 +47,9 @@ async def test_a_lost_side_effect_is_handed_to_the_reconciler_due_at_once(
     sessions: Sessions,
 ) -> None:
     call = await lapsed(sessions, "refund")
-    report = await recover_expired(sessions, REGISTRY, topics=DEFAULT_TOPICS)
+    report = await recover_expired(sessions, REGISTRY, topics=TOPICS)
     assert (report.marked_unknown, report.redispatched) == ([call], [])
+    assert [r["key"] for r in await outbox_rows(sessions, TOPICS.events)] == ["run-1"]
 
     row = await call_row(sessions, call)
     assert (row["status"], row["verification_status"], row["reconciliation_status"]) == (
@@ -79,7 +83,7 @@ async def test_a_lost_read_is_sent_again_by_a_command_caused_by_its_redispatch(
     sessions: Sessions,
 ) -> None:
     call = await lapsed(sessions, "lookup")
-    report = await recover_expired(sessions, REGISTRY, topics=DEFAULT_TOPICS)
+    report = await recover_expired(sessions, REGISTRY, topics=TOPICS)
     assert (report.redispatched, report.marked_unknown) == ([call], [])
 
     row = await call_row(sessions, call)
@@ -91,10 +95,10 @@ async def test_a_lost_read_is_sent_again_by_a_command_caused_by_its_redispatch(
     event = (await events_of(sessions, call))[-1]
     assert event["payload"]["rule"] == "redispatch"
     assert event["payload"]["deadWorker"] == "worker-dead"
-    [command] = [
-        r for r in await outbox_rows(sessions, DEFAULT_TOPICS.dispatch) if r["key"] == call
-    ]
+    [command] = [r for r in await outbox_rows(sessions, TOPICS.dispatch) if r["key"] == call]
     assert command["payload"]["causationId"] == str(event["event_id"])
+    assert command["headers"]["ce_source"] == ce_source(Producer.RECOVERY)
+    assert [r["key"] for r in await outbox_rows(sessions, TOPICS.events)] == ["run-1"]
 
 
 async def test_one_sweep_takes_at_most_its_limit_oldest_lease_first(sessions: Sessions) -> None:
