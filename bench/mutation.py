@@ -89,7 +89,9 @@ TARGETS: dict[str, Target] = {
         ),
         120,
     ),
-    "dispatcher/worker/redrive.py": Target(("tests/worker/test_redrive.py",), 120),
+    "dispatcher/worker/redrive.py": Target(
+        ("tests/worker/test_redrive.py", "tests/worker/test_mutation_redrive.py"), 120
+    ),
     # The relay's publish and settle.
     "outbox_relay/relay.py": Target(
         ("tests/unit/test_relay_backoff.py", "tests/relay/test_relay_publish.py"), 140, broker=True
