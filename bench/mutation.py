@@ -71,6 +71,7 @@ TARGETS: dict[str, Target] = {
     "dispatcher/provider/client.py": Target(
         (
             "tests/unit/test_provider_contract.py",
+            "tests/unit/test_mutation_client.py",
             *_WORKER,
             "tests/worker/test_provider_credentials.py",
         ),
