@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench up clean
+.PHONY: demo test lint bench mutation up clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is needed, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -32,6 +32,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.intake
+
+# The mutation score of the modules that carry the guarantees (a benchmark: about
+# 30 minutes on two cores; `--module NAME` runs one). See bench/mutation.py.
+mutation: $(STAMP)
+	$(BIN)/python -m bench.mutation
 
 clean:
 	rm -rf $(VENV) .tool-dispatcher .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,144 @@
+"""The worker's reading of each provider answer, status by status, and the pieces of a
+send that need no server: mutants of ``dispatcher/provider/client.py`` that the
+end-to-end execution tests let live, or reach only slowly
+(``python -m bench.mutation --module dispatcher/provider/client.py``)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+import httpx
+import pytest
+
+from dispatcher.provider.client import (
+    OutcomeKind,
+    ProviderClient,
+    ProviderOutcome,
+    _not_sendable,
+    _NotSent,
+    _retry_after,
+    _Throttled,
+    traceparent,
+)
+from dispatcher.testing.registries import capability
+
+WRITE = capability("refund")
+READ = capability("lookup", side_effects=False)
+K = OutcomeKind
+
+
+@pytest.fixture
+async def client() -> Any:
+    async with httpx.AsyncClient() as http:
+        yield ProviderClient(http)
+
+
+def answer(status: int, body: Any = None, **headers: str) -> httpx.Response:
+    return httpx.Response(status, json=body if body is not None else {}, headers=headers)
+
+
+FINAL = {"status": "succeeded", "externalRequestId": "req_1", "result": {"n": 1}}
+FAILED = {"status": "failed", "id": "req_2", "result": {"n": 2}, "error": "declined"}
+
+
+def unknown(status: int, ext: str | None = None) -> ProviderOutcome:
+    return ProviderOutcome(K.UNKNOWN, 1, status, ext, None, f"no definitive answer: HTTP {status}")
+
+
+def refused(status: int, code: str, attempts: int = 1) -> ProviderOutcome:
+    error = f"provider refused the request: HTTP {status} {code}"
+    return ProviderOutcome(K.FAILED, attempts, status, None, None, error)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (200, FINAL, ProviderOutcome(K.COMPLETED, 1, 200, "req_1", {"n": 1})),
+        (201, FINAL, ProviderOutcome(K.COMPLETED, 1, 201, "req_1", {"n": 1})),
+        (299, FINAL, ProviderOutcome(K.COMPLETED, 1, 299, "req_1", {"n": 1})),
+        (202, FINAL, ProviderOutcome(K.ACCEPTED, 1, 202, "req_1", {"n": 1})),
+        (
+            200,
+            FAILED,
+            ProviderOutcome(
+                K.FAILED, 1, 200, "req_2", {"n": 2}, "provider reports failure: declined"
+            ),
+        ),
+        (202, FAILED, ProviderOutcome(K.ACCEPTED, 1, 202, "req_2", {"n": 2})),
+        (200, {"status": "pending", "id": 7}, ProviderOutcome(K.ACCEPTED, 1, 200, "7")),
+        (300, FINAL, unknown(300, "req_1")),
+        (400, {"code": "bad_amount", "error": "e"}, refused(400, "bad_amount")),
+        (422, {"error": "too_big"}, refused(422, "too_big")),
+        (499, {}, refused(499, "rejected")),
+        (408, {}, unknown(408)),
+        (409, {}, unknown(409)),
+        (500, {"id": "r"}, unknown(500, "r")),
+        (503, {}, unknown(503)),
+    ],
+)
+async def test_a_side_effecting_answer_is_read_by_its_status_and_body(
+    client: ProviderClient, status: int, body: Any, expected: ProviderOutcome
+) -> None:
+    assert client._classify(WRITE, answer(status, body), 1) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome"),
+    [
+        (500, "read-only, repeating after HTTP 500"),
+        (599, "read-only, repeating after HTTP 599"),
+        (408, "read-only, repeating after HTTP 408"),
+        (409, "read-only, repeating after HTTP 409"),
+        (404, refused(404, "rejected", attempts=3)),
+        (499, refused(499, "rejected", attempts=3)),
+    ],
+)
+async def test_a_read_only_call_repeats_what_a_side_effect_may_not(
+    client: ProviderClient, status: int, outcome: str | ProviderOutcome
+) -> None:
+    if isinstance(outcome, str):
+        with pytest.raises(_NotSent, match=f"^{re.escape(outcome)}$"):
+            client._classify(READ, answer(status), 3)
+    else:
+        assert client._classify(READ, answer(status), 3) == outcome
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "retry_after"),
+    [(429, {}, None), (429, {"Retry-After": "3"}, 3.0), (503, {"Retry-After": "0.5"}, 0.5)],
+)
+async def test_throttling_is_refused_without_acting(
+    client: ProviderClient, status: int, headers: dict[str, str], retry_after: float | None
+) -> None:
+    with pytest.raises(_Throttled, match=f"^provider answered {status}$") as raised:
+        client._classify(WRITE, answer(status, **headers), 1)
+    assert raised.value.retry_after == retry_after
+
+
+def test_retry_after_is_seconds_never_negative() -> None:
+    assert _retry_after(answer(429, **{"Retry-After": "2.5"})) == 2.5
+    assert _retry_after(answer(429, **{"Retry-After": "-4"})) == 0.0
+    assert _retry_after(answer(429, **{"Retry-After": "soon"})) is None
+    assert _retry_after(answer(429)) is None
+
+
+def test_every_attempt_of_a_call_shares_one_trace() -> None:
+    parent = traceparent("call-1")
+    assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01", parent)
+    assert parent == traceparent("call-1") != traceparent("call-2")
+    trace_id, span_id = parent.split("-")[1:3]
+    assert trace_id + span_id == hashlib.sha256(b"call-1").hexdigest()[:48]
+
+
+def test_an_unsendable_request_names_only_the_exception_type() -> None:
+    outcome = _not_sendable(UnicodeEncodeError("ascii", "Bearer sécret", 8, 9, "no"), 2)
+    assert outcome == ProviderOutcome(
+        K.FAILED, 2, error="request not sendable: UnicodeEncodeError; nothing was sent"
+    )
+
+
+def test_a_client_needs_at_least_one_pool() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        ProviderClient([])

@@ -1,0 +1,136 @@
+"""A re-send of a call in doubt, claimed and recorded the way the reconciler does it
+(``Executor.claim_in(..., settles=True)``): its final answer settles the call, its
+first dispatch time stands, and a fence it no longer holds refuses the claim. Mutants
+of ``dispatcher/worker/outcomes.py``, ``executor.py`` and ``claims.py`` that the
+worker's own tests let live (``python -m bench.mutation --module ...``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from sqlalchemy import text, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.db.tables import tool_calls
+from dispatcher.errors import TransitionConflict
+from dispatcher.ledger.events import EventType
+from dispatcher.ledger.transitions import Fence
+from dispatcher.provider.client import ProviderClient
+from dispatcher.settings import DEFAULT_TOPICS
+from dispatcher.states import ExecutionStatus as S
+from dispatcher.testing.registries import capability, registry_of
+from dispatcher.testing.sandbox import SandboxServer
+from dispatcher.worker.executor import Executor
+from tests.fixtures.calls import unknown_call
+from tests.fixtures.rows import call_row, events_of
+
+pytestmark = pytest.mark.postgres
+
+Sessions = async_sessionmaker[AsyncSession]
+OWNER = "reconciler-1"
+
+
+@pytest.fixture
+def registry(sandbox: SandboxServer) -> CapabilityRegistry:
+    return registry_of(capability("refund", sandbox.url))
+
+
+@pytest.fixture
+async def executor(sessions: Sessions, registry: CapabilityRegistry) -> AsyncIterator[Executor]:
+    async with httpx.AsyncClient() as http:
+        yield Executor(
+            sessions, registry, ProviderClient(http), worker_id=OWNER, topics=DEFAULT_TOPICS
+        )
+
+
+async def in_doubt(
+    sessions: Sessions, registry: CapabilityRegistry, sandbox: SandboxServer, key: str
+) -> tuple[str, int]:
+    """A call lost before the provider applied it, first sent a minute ago and taken by
+    the reconciler (its lease and a bumped version); returns it and that version."""
+    async with httpx.AsyncClient() as http:
+        call = await unknown_call(
+            sessions, registry, http, sandbox.url, "refund", key, {"kind": "drop_before_apply"}
+        )
+    async with sessions() as session, session.begin():
+        await session.execute(
+            update(tool_calls)
+            .where(tool_calls.c.tool_call_id == call)
+            .values(
+                lease_owner=OWNER,
+                version=tool_calls.c.version + 1,
+                dispatched_at=text("now() - interval '60 seconds'"),
+            )
+        )
+    return call, (await call_row(sessions, call))["version"]
+
+
+async def resend(
+    executor: Executor, sessions: Sessions, registry: CapabilityRegistry, call: str, fence: Fence
+) -> S | None:
+    async with sessions() as session, session.begin():
+        claim = await executor.claim_in(
+            session,
+            call,
+            registry.get("refund"),
+            tenant="acme",
+            expected=S.RESULT_UNKNOWN,
+            dispatch_attempts=1,
+            event_type=EventType.TOOL_CALL_REDISPATCHED,
+            payload={"redispatch": 1},
+            fence=fence,
+            settles=True,
+        )
+    assert claim.settles and claim.version == fence.version + 1  # type: ignore[operator]
+    return await executor.run(claim)
+
+
+async def test_a_final_answer_to_a_resend_settles_the_call(
+    sessions: Sessions, registry: CapabilityRegistry, sandbox: SandboxServer, executor: Executor
+) -> None:
+    call, version = await in_doubt(sessions, registry, sandbox, "k-resend")
+    first_sent = (await call_row(sessions, call))["dispatched_at"]
+
+    assert await resend(executor, sessions, registry, call, Fence(OWNER, version)) is S.CONFIRMED
+
+    row = await call_row(sessions, call)
+    assert (row["status"], row["verification_status"], row["reconciliation_status"]) == (
+        "confirmed",
+        "confirmed_success",
+        "settled",
+    )
+    assert row["result"] == {"echo": {"n": 1}}
+    assert row["last_error"] is None
+    assert row["completed_at"] is not None and row["next_reconcile_at"] is None
+    assert row["dispatch_attempts"] == 2 and row["lease_owner"] is None
+    # The provider's idempotency window counts from the first send, not this one.
+    assert row["dispatched_at"] == first_sent
+    events = await events_of(sessions, call)
+    assert [e["event_type"] for e in events[-3:]] == [
+        "tool.call.redispatched",
+        "tool.call.accepted",
+        "tool.call.confirmed",
+    ]
+    assert events[-3]["payload"]["redispatch"] == 1
+    confirmed = events[-1]["payload"]
+    assert (confirmed["httpStatus"], confirmed["error"]) == (200, None)
+    assert confirmed["externalRequestId"] == row["external_request_id"]
+
+
+@pytest.mark.parametrize("stale", ["owner", "version"])
+async def test_a_resend_under_a_fence_no_longer_held_is_refused(
+    sessions: Sessions,
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    executor: Executor,
+    stale: str,
+) -> None:
+    call, version = await in_doubt(sessions, registry, sandbox, f"k-stale-{stale}")
+    fence = Fence("reconciler-0", version) if stale == "owner" else Fence(OWNER, version - 1)
+    with pytest.raises(TransitionConflict, match="is no longer result_unknown"):
+        await resend(executor, sessions, registry, call, fence)
+    row = await call_row(sessions, call)
+    assert (row["status"], row["dispatch_attempts"]) == ("result_unknown", 1)
