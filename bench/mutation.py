@@ -109,8 +109,12 @@ TARGETS: dict[str, Target] = {
     "reconciler/policy.py": Target(
         ("tests/unit/test_reconcile_policy.py", "tests/unit/test_mutation_policy.py"), 60
     ),
-    "reconciler/loop.py": Target(("tests/reconciler/test_reconciler.py",), 140),
-    "reconciler/settle.py": Target(("tests/reconciler/test_reconciler.py",), 120),
+    "reconciler/loop.py": Target(
+        ("tests/reconciler/test_reconciler.py", "tests/reconciler/test_mutation_loop.py"), 140
+    ),
+    "reconciler/settle.py": Target(
+        ("tests/reconciler/test_reconciler.py", "tests/reconciler/test_mutation_settle.py"), 120
+    ),
     "dispatcher/control/escalations.py": Target(("tests/control/test_escalations.py",), 140),
 }
 
