@@ -76,6 +76,7 @@ TARGETS: dict[str, Target] = {
             "tests/unit/test_mutation_client.py",
             *_WORKER,
             "tests/worker/test_provider_credentials.py",
+            "tests/worker/test_mutation_client_backoff.py",
         ),
         140,
     ),
