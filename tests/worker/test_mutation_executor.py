@@ -28,7 +28,7 @@ from dispatcher.worker.crashpoints import CrashPoints
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired
 from tests.fixtures.calls import expire_leases, submit_call
-from tests.fixtures.rows import call_row, event_types, outbox_rows
+from tests.fixtures.rows import call_row, event_types, events_of, outbox_rows
 
 pytestmark = pytest.mark.postgres
 
@@ -183,3 +183,30 @@ async def test_a_fresh_claim_of_a_call_dispatched_before_takes_a_new_dispatch_ti
 
     assert (await call_row(sessions, call))["dispatched_at"] > first
     assert (await event_types(sessions, call)).count("tool.call.dispatching") == 2
+
+
+async def test_an_error_the_client_does_not_know_leaves_the_call_in_doubt(
+    sessions: Sessions, registry: CapabilityRegistry
+) -> None:
+    """httpx refuses to send over a closed client with a RuntimeError, which the
+    provider client does not classify: nothing proves the request never left."""
+    call = await submit_call(sessions, registry, "refund", {"n": 1}, key="k-closed")
+    async with httpx.AsyncClient() as http:
+        pass
+    executor = Executor(
+        sessions, registry, ProviderClient(http), worker_id="worker-a", topics=TOPICS
+    )
+
+    assert await executor.execute(call, "acme") is S.RESULT_UNKNOWN
+
+    row = await call_row(sessions, call)
+    assert (row["last_error"], row["verification_status"]) == (
+        "send failed: RuntimeError",
+        "pending",
+    )
+    unknown = (await events_of(sessions, call))[-1]
+    assert unknown["event_type"] == "tool.call.result_unknown"
+    assert (unknown["payload"]["attempts"], unknown["payload"]["error"]) == (
+        1,
+        "send failed: RuntimeError",
+    )
