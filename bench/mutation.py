@@ -62,6 +62,8 @@ _WORKER = (
     "tests/worker/test_execution.py",
     "tests/worker/test_execution_batch.py",
     "tests/worker/test_mutation_outcomes.py",
+    "tests/worker/test_mutation_executor.py",
+    "tests/worker/test_fencing.py",
 )
 TARGETS: dict[str, Target] = {
     # Provider classification: which answers are definitive, which are "sent, unknown".
@@ -74,6 +76,7 @@ TARGETS: dict[str, Target] = {
             "tests/unit/test_mutation_client.py",
             *_WORKER,
             "tests/worker/test_provider_credentials.py",
+            "tests/unit/test_mutation_client_backoff.py",
         ),
         140,
     ),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -28,7 +28,7 @@ import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_random_exponential
 
-from dispatcher.capabilities import Capability
+from dispatcher.capabilities import Capability, RetryPolicy
 from dispatcher.provider.contract import (
     ProviderState,
     credential_headers,
@@ -83,6 +83,24 @@ class _Throttled(Exception):
     def __init__(self, reason: str, retry_after: float | None) -> None:
         super().__init__(reason)
         self.retry_after = retry_after
+
+
+def backoff(policy: RetryPolicy) -> Callable[[RetryCallState], float]:
+    """How long to wait before the next attempt: a throttled request waits the
+    provider's Retry-After, capped by the policy's maximum; any other retried one backs
+    off exponentially from the policy's initial backoff, never beyond its maximum."""
+    # Full jitter: concurrent workers throttled together do not retry in step.
+    exponential = wait_random_exponential(
+        multiplier=policy.initial_backoff_seconds, max=policy.max_backoff_seconds
+    )
+
+    def wait(state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, _Throttled) and exc.retry_after is not None:
+            return min(exc.retry_after, policy.max_backoff_seconds)
+        return float(exponential(state))
+
+    return wait
 
 
 def traceparent(seed: str) -> str:
@@ -155,23 +173,12 @@ class ProviderClient:
 
     async def dispatch(self, capability: Capability, request: DispatchRequest) -> ProviderOutcome:
         policy = capability.retry
-        # Full jitter: concurrent workers throttled together do not retry in step.
-        exponential = wait_random_exponential(
-            multiplier=policy.initial_backoff_seconds, max=policy.max_backoff_seconds
-        )
-
-        def wait(state: RetryCallState) -> float:
-            exc = state.outcome.exception() if state.outcome else None
-            if isinstance(exc, _Throttled) and exc.retry_after is not None:
-                return min(exc.retry_after, policy.max_backoff_seconds)
-            return float(exponential(state))
-
         attempts = 0
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type((_NotSent, _Throttled)),
                 stop=stop_after_attempt(policy.max_attempts),
-                wait=wait,
+                wait=backoff(policy),
                 reraise=True,
             ):
                 with attempt:

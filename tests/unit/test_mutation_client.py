@@ -72,6 +72,14 @@ def refused(status: int, code: str, attempts: int = 1) -> ProviderOutcome:
         (400, {"code": "bad_amount", "error": "e"}, refused(400, "bad_amount")),
         (422, {"error": "too_big"}, refused(422, "too_big")),
         (499, {}, refused(499, "rejected")),
+        # A refusal keeps the provider's request id, as evidence of what it saw.
+        (
+            400,
+            {"code": "bad", "id": "req_4"},
+            ProviderOutcome(
+                K.FAILED, 1, 400, "req_4", None, "provider refused the request: HTTP 400 bad"
+            ),
+        ),
         (408, {}, unknown(408)),
         (409, {}, unknown(409)),
         (500, {"id": "r"}, unknown(500, "r")),

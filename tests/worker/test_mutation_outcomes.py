@@ -18,7 +18,7 @@ from dispatcher.db.tables import tool_calls
 from dispatcher.errors import TransitionConflict
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.transitions import Fence
-from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.client import OutcomeKind, ProviderClient, ProviderOutcome
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.registries import capability, registry_of
@@ -118,6 +118,35 @@ async def test_a_final_answer_to_a_resend_settles_the_call(
     confirmed = events[-1]["payload"]
     assert (confirmed["httpStatus"], confirmed["error"]) == (200, None)
     assert confirmed["externalRequestId"] == row["external_request_id"]
+
+
+async def test_a_providers_refusal_of_a_resend_settles_the_call_as_a_confirmed_failure(
+    sessions: Sessions, registry: CapabilityRegistry, sandbox: SandboxServer, executor: Executor
+) -> None:
+    call, version = await in_doubt(sessions, registry, sandbox, "k-refused")
+    async with sessions() as session, session.begin():
+        claim = await executor.claim_in(
+            session,
+            call,
+            registry.get("refund"),
+            tenant="acme",
+            expected=S.RESULT_UNKNOWN,
+            dispatch_attempts=1,
+            fence=Fence(OWNER, version),
+            settles=True,
+        )
+    refusal = "provider refused the request: HTTP 422 invalid_amount"
+    answer = ProviderOutcome(OutcomeKind.FAILED, 1, 422, "req_r", {"code": "x"}, refusal)
+
+    assert await executor.record(claim, answer) is S.CONFIRMED
+
+    row = await call_row(sessions, call)
+    assert (row["status"], row["verification_status"], row["reconciliation_status"]) == (
+        "confirmed",
+        "confirmed_failure",
+        "settled",
+    )
+    assert (row["last_error"], row["result"]) == (refusal, {"code": "x"})
 
 
 @pytest.mark.parametrize("stale", ["owner", "version"])
