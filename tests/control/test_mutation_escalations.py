@@ -12,10 +12,17 @@ from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.control.actor import Actor
-from dispatcher.control.escalations import acknowledge, escalate, list_escalations, resolve
+from dispatcher.control.escalations import (
+    acknowledge,
+    escalate,
+    list_escalations,
+    resolution_commands,
+    resolve,
+)
 from dispatcher.db.tables import escalations, execution_events, outbox, tool_calls
 from dispatcher.errors import EscalationAlreadyResolved, EscalationNotFound
 from dispatcher.ledger.events import EventType
+from dispatcher.ledger.messages import Producer, ce_source
 from dispatcher.schemas import Finding
 from dispatcher.settings import Topics
 from dispatcher.states import EscalationStatus
@@ -33,6 +40,8 @@ ONCALL = Actor(name="oncall", tenant="acme", via="api")
 async def shared_escalations(sessions: Sessions) -> dict[str, str]:
     """Each tenant's ``shared-1`` escalated; returns tenant -> escalation id."""
     opened = {}
+    # A second call of acme's: a lookup by tenant alone finds two.
+    await insert_call(sessions, "result_unknown", tenant="acme", tool_call_id="other-1")
     for tenant in ("acme", "globex"):
         await insert_call(sessions, "result_unknown", tenant=tenant, tool_call_id=SHARED)
         async with sessions() as session, session.begin():
@@ -81,14 +90,25 @@ async def topics_written(sessions: Sessions) -> list[str]:
         return [r[0] for r in rows]
 
 
+async def last_message(sessions: Sessions, topic: str) -> Any:
+    async with sessions() as session:
+        return (
+            await session.execute(
+                select(outbox).where(outbox.c.topic == topic).order_by(outbox.c.id.desc())
+            )
+        ).first()
+
+
 async def test_two_tenants_one_tool_call_id_are_acknowledged_and_resolved_apart(
     sessions: Sessions,
 ) -> None:
     esc = await shared_escalations(sessions)
 
     async with sessions() as session, session.begin():
-        with pytest.raises(EscalationNotFound):  # acme's escalation, asked for as globex's
+        with pytest.raises(EscalationNotFound) as missing:  # acme's, asked for as globex's
             await acknowledge(session, esc["acme"], actor=ONCALL, tenant="globex")
+    assert missing.value.extra == {"escalationId": esc["acme"]}
+    async with sessions() as session, session.begin():
         acked = await acknowledge(session, esc["acme"], actor=ONCALL, tenant="acme", topics=TOPICS)
     assert acked.status is EscalationStatus.ACKNOWLEDGED
     assert acked.acknowledged_by == "oncall@acme (api)"
@@ -122,6 +142,11 @@ async def test_two_tenants_one_tool_call_id_are_acknowledged_and_resolved_apart(
     assert acme_payload["escalationId"] == esc["acme"]
     assert acme_payload["finding"] == "confirmed_success"
     assert (await topics_written(sessions))[-2:] == [TOPICS.events, TOPICS.escalations]
+    announced = await last_message(sessions, TOPICS.escalations)
+    assert announced.headers["ce_source"] == ce_source(Producer.OPERATOR)
+    commands = announced.payload["evidence"]["commands"]
+    assert commands == resolution_commands(esc["acme"])
+    assert commands["cli"][0] == f"tool-dispatcher escalations ack {esc['acme']}"
 
     # globex's escalation of the same toolCallId is still its own to settle.
     async with sessions() as session, session.begin():
