@@ -54,7 +54,8 @@ async def shared_escalations(sessions: Sessions) -> dict[str, str]:
                 evidence={},
                 producer="test",
             )
-        assert view.tenant == tenant
+        # Its first episode, and a history of its own call's events only.
+        assert (view.tenant, view.episode, len(view.evidence["history"])) == (tenant, 1, 1)
         opened[tenant] = view.escalation_id
     return opened
 
@@ -231,3 +232,87 @@ async def test_the_listing_is_open_then_acknowledged_then_resolved_oldest_first(
         "esc_resolved",
     ]
     assert first_two == ["esc_open_early", "esc_open_late"]
+
+
+async def test_escalating_clears_the_call_for_a_human_and_keeps_its_evidence(
+    sessions: Sessions,
+) -> None:
+    dispatched = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    call = await insert_call(
+        sessions,
+        "result_unknown",
+        external_request_id="ext-9",
+        dispatch_attempts=2,
+        reconcile_attempts=3,
+        dispatched_at=dispatched,
+        lease_owner="reconciler-a",
+        lease_expires_at=dispatched,
+        next_reconcile_at=dispatched,
+        verification_status="pending",
+        reconciliation_status="pending",
+    )
+    async with sessions() as session, session.begin():
+        view = await escalate(
+            session,
+            call,
+            tenant="acme",
+            expected=S.RESULT_UNKNOWN,
+            reason="three lookups failed",
+            evidence={"lastAnswer": {"observation": "lookup_failed"}},
+            producer="test",
+            fields={"last_error": "lookup: ReadTimeout"},
+        )
+    row = await call_row_of(sessions, call)
+    assert (row["status"], row["verification_status"], row["reconciliation_status"]) == (
+        S.ESCALATED.value,
+        "inconclusive",
+        "escalated",
+    )
+    assert (row["next_reconcile_at"], row["lease_owner"], row["lease_expires_at"]) == (
+        None,
+        None,
+        None,
+    )
+    assert row["last_error"] == "lookup: ReadTimeout"
+    evidence = view.evidence
+    assert evidence["call"] == {
+        "toolCallId": call,
+        "tenant": "acme",
+        "runId": "run-1",
+        "capabilityId": "send",
+        "idempotencyKey": f"key-{call}",
+        "externalRequestId": "ext-9",
+        "input": {"n": 1},
+        "dispatchAttempts": 2,
+        "reconcileAttempts": 3,
+        "dispatchedAt": dispatched.isoformat(),
+        "createdAt": row["created_at"].isoformat(),
+        "compensationRequestedAt": None,
+    }
+    assert evidence["lastError"] == "lookup: ReadTimeout"
+    assert evidence["lastAnswer"] == {"observation": "lookup_failed"}
+    [escalated] = evidence["history"]
+    assert escalated["eventType"] == EventType.TOOL_CALL_ESCALATED.value
+    assert escalated["producer"] == "test"
+    assert escalated["payload"] == {
+        "from": [S.RESULT_UNKNOWN.value],
+        "to": S.ESCALATED.value,
+        "reason": "three lookups failed",
+        "escalationId": view.escalation_id,
+    }
+    assert escalated["occurredAt"] is not None
+    assert evidence["commands"] == resolution_commands(view.escalation_id)
+    assert (view.episode, view.status, view.reason) == (
+        1,
+        EscalationStatus.OPEN,
+        "three lookups failed",
+    )
+    opened = await last_message(sessions, "tool-dispatcher.escalations")
+    assert opened.payload["escalationId"] == view.escalation_id
+    assert opened.headers["ce_source"] == ce_source("test")
+
+
+async def call_row_of(sessions: Sessions, call: str) -> dict[str, Any]:
+    async with sessions() as session:
+        found = await session.execute(select(tool_calls).where(tool_calls.c.tool_call_id == call))
+        return dict(found.one()._mapping)
