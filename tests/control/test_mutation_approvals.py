@@ -214,6 +214,14 @@ async def test_the_sweeper_expires_each_tenants_own_due_approvals_earliest_first
         assert await approvals.expire_due(session, limit=1) == [globex]
     assert await state(sessions, "globex") == (S.CANCELLED.value, "expired")
     assert await state(sessions, "acme") == (S.PROPOSED.value, "pending")
+    async with sessions() as session:
+        completed = await session.execute(
+            select(tool_calls.c.tenant, tool_calls.c.completed_at).where(
+                tool_calls.c.tool_call_id == SHARED
+            )
+        )
+        # The expired call is finished; acme's, still pending, is not.
+        assert {t: at is not None for t, at in completed} == {"globex": True, "acme": False}
 
     async with sessions() as session, session.begin():
         assert await approvals.expire_due(session) == [acme]
@@ -238,3 +246,22 @@ async def test_the_sweeper_takes_an_approval_at_its_expiry_instant_and_skips_a_l
             swept = await asyncio.wait_for(approvals.expire_due(session), timeout=5)
     assert swept == [due]
     assert await state(sessions, "acme") == (S.PROPOSED.value, "pending")
+
+
+async def test_the_listing_is_the_tenants_own_expiring_soonest_first(sessions: Sessions) -> None:
+    ids = [await propose(sessions, "acme", f"tc-{n}") for n in range(3)]
+    await propose(sessions, "globex")
+    # The highest id expires soonest, so the id is not the order; the other two tie on
+    # expiry, broken by id, the higher written first so the table's order is not either.
+    low, high, third = sorted(ids)
+    async with sessions() as session, session.begin():
+        await set_expiry(session, high, func.now() + func.make_interval(0, 0, 0, 0, 1))
+        await set_expiry(session, low, func.now() + func.make_interval(0, 0, 0, 0, 1))
+        await set_expiry(session, third, func.now() + func.make_interval(0, 0, 0, 0, 0, 1))
+    async with sessions() as session, session.begin():
+        await session.execute(text("SET LOCAL enable_indexscan = off"))
+        await session.execute(text("SET LOCAL enable_bitmapscan = off"))
+        listed = [v.approval_id for v in await approvals.list_approvals(session, tenant="acme")]
+        two = await approvals.list_approvals(session, tenant="acme", limit=2)
+    assert listed == [third, low, high]
+    assert [v.approval_id for v in two] == [third, low]
