@@ -17,7 +17,7 @@ from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control import approvals
 from dispatcher.control.actor import Actor
 from dispatcher.db.tables import approvals as approvals_table
-from dispatcher.db.tables import runs, tool_calls
+from dispatcher.db.tables import outbox, runs, tool_calls
 from dispatcher.errors import (
     ApprovalNotFound,
     ApprovalStale,
@@ -28,6 +28,7 @@ from dispatcher.errors import (
 )
 from dispatcher.intake.service import submit
 from dispatcher.schemas import DecisionRequest, SubmitRequest
+from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 from tests.fixtures.capabilities import approval_capability, with_capability, without_capability
 
@@ -38,6 +39,7 @@ SHARED = "shared-1"
 CAP = "refund-four-eyes"
 REGISTRY = CapabilityRegistry({CAP: approval_capability(CAP, forbidSelfApproval=True)})
 BOB = Actor("bob", "acme", "api")
+TOPICS = Topics(events="apr-test.events")
 
 
 async def propose(sessions: Sessions, tenant: str, tool_call_id: str = SHARED) -> str:
@@ -211,7 +213,12 @@ async def test_the_sweeper_expires_each_tenants_own_due_approvals_earliest_first
         # Without the pending-expiry index, whose order would hide a missing ORDER BY.
         await session.execute(text("SET LOCAL enable_indexscan = off"))
         await session.execute(text("SET LOCAL enable_bitmapscan = off"))
-        assert await approvals.expire_due(session, limit=1) == [globex]
+        assert await approvals.expire_due(session, limit=1, topics=TOPICS) == [globex]
+        expiry = (
+            await session.execute(
+                select(approvals_table.c.expires_at).where(approvals_table.c.approval_id == globex)
+            )
+        ).scalar_one()
     assert await state(sessions, "globex") == (S.CANCELLED.value, "expired")
     assert await state(sessions, "acme") == (S.PROPOSED.value, "pending")
     async with sessions() as session:
@@ -220,6 +227,15 @@ async def test_the_sweeper_expires_each_tenants_own_due_approvals_earliest_first
                 tool_calls.c.tool_call_id == SHARED
             )
         )
+        expired = (
+            await session.execute(select(outbox.c.payload).where(outbox.c.topic == TOPICS.events))
+        ).scalar_one()
+        assert expired.get("payload") == {
+            "from": [S.PROPOSED.value],
+            "to": S.CANCELLED.value,
+            "approvalId": globex,
+            "expiresAt": expiry.isoformat(),
+        }
         # The expired call is finished; acme's, still pending, is not.
         assert {t: at is not None for t, at in completed} == {"globex": True, "acme": False}
 
