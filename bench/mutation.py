@@ -107,7 +107,9 @@ TARGETS: dict[str, Target] = {
     "dispatcher/intake/approvals.py": Target(
         ("tests/control/test_approvals.py", "tests/control/test_approval_in_view.py"), 60
     ),
-    "dispatcher/control/approvals.py": Target(("tests/control/test_approvals.py",), 140),
+    "dispatcher/control/approvals.py": Target(
+        ("tests/control/test_mutation_approvals.py", "tests/control/test_approvals.py"), 140
+    ),
     # The reconciler's policy, its re-send and the writes that settle a call.
     "reconciler/policy.py": Target(
         ("tests/unit/test_reconcile_policy.py", "tests/unit/test_mutation_policy.py"), 60
@@ -118,7 +120,9 @@ TARGETS: dict[str, Target] = {
     "reconciler/settle.py": Target(
         ("tests/reconciler/test_reconciler.py", "tests/reconciler/test_mutation_settle.py"), 120
     ),
-    "dispatcher/control/escalations.py": Target(("tests/control/test_escalations.py",), 140),
+    "dispatcher/control/escalations.py": Target(
+        ("tests/control/test_mutation_escalations.py", "tests/control/test_escalations.py"), 140
+    ),
 }
 
 # mutmut's exit codes of a mutant's test run, as its ``stats.status_by_exit_code``.

@@ -66,6 +66,7 @@ async def test_a_lost_side_effect_is_handed_to_the_reconciler_due_at_once(
         "to": "result_unknown",
         "reason": "worker lost between claim and outcome (lease expired)",
         "deadWorker": "worker-dead",
+        "claimVersion": 3,
         "rule": "mark_unknown",
     }
 
