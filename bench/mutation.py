@@ -98,7 +98,13 @@ TARGETS: dict[str, Target] = {
     ),
     # The relay's publish and settle.
     "outbox_relay/relay.py": Target(
-        ("tests/unit/test_relay_backoff.py", "tests/relay/test_relay_publish.py"), 140, broker=True
+        (
+            "tests/unit/test_relay_backoff.py",
+            "tests/unit/test_mutation_relay.py",
+            "tests/relay/test_relay_publish.py",
+        ),
+        140,
+        broker=True,
     ),
     "outbox_relay/settle.py": Target(("tests/unit/test_relay_units.py",), 40),
     # Intake's key and fingerprint, and what an approval binds itself to.
