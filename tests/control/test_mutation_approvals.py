@@ -23,6 +23,7 @@ from dispatcher.errors import (
     ApprovalStale,
     CapabilityUnavailable,
     DispatcherError,
+    Forbidden,
     RunStopped,
     SelfApprovalForbidden,
 )
@@ -281,3 +282,19 @@ async def test_the_listing_is_the_tenants_own_expiring_soonest_first(sessions: S
         two = await approvals.list_approvals(session, tenant="acme", limit=2)
     assert listed == [third, low, high]
     assert [v.approval_id for v in two] == [third, low]
+
+
+async def test_a_key_without_the_approve_scope_decides_nothing(sessions: Sessions) -> None:
+    # The library call checks the scope itself: a caller inside its own transaction has
+    # no API dependency in front of it.
+    apr = await propose(sessions, "acme")
+    with pytest.raises(Forbidden) as caught:
+        async with sessions() as session, session.begin():
+            await approvals.decide(
+                session, apr, DecisionRequest(decision="approve", reason="no scope"),
+                actor=BOB, scopes={"read", "submit"}, tenant="acme", registry=REGISTRY,
+            )  # fmt: skip
+    error = caught.value
+    assert (type(error), error.extra) == (Forbidden, {"scope": "approve"})
+    assert error.detail == "this API key lacks the 'approve' scope"
+    assert await state(sessions, "acme") == (S.PROPOSED.value, "pending")
