@@ -65,7 +65,7 @@ from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import Settings, hash_api_key
 from dispatcher.testing.databases import with_database
 from dispatcher.testing.embedded import free_port, wait_for_port
-from dispatcher.testing.registries import sandbox_registry
+from dispatcher.testing.registries import SANDBOX_REGISTRY, sandbox_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("library", "session", "http", "pgbench", "psycopg")
@@ -432,8 +432,9 @@ class _HttpConnection(asyncio.Protocol):
 
 
 def server_flavour() -> str:
-    """What uvicorn picks in this venv (it prefers uvloop and httptools when present)."""
-    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    """The server's event loop (dispatcher.runtime's, which the server inherits through
+    this process's environment) and uvicorn's HTTP parser."""
+    loop = os.environ.get("TOOL_DISPATCHER_EVENT_LOOP", "uvloop")
     http = "httptools" if importlib.util.find_spec("httptools") else "h11"
     return f"uvicorn loop={loop} http={http}"
 
@@ -451,6 +452,8 @@ async def api_process(
         "TOOL_DISPATCHER_HTTP_HOST": "127.0.0.1",
         "TOOL_DISPATCHER_HTTP_PORT": str(port),
         "TOOL_DISPATCHER_DB_POOL_SIZE": str(max(clients, 2)),
+        # `serve` has no default registry; the library modes use this one too.
+        "TOOL_DISPATCHER_CAPABILITIES_FILE": str(SANDBOX_REGISTRY),
         # One tenant at full speed is what is measured: its rate limit would cap it.
         "TOOL_DISPATCHER_SUBMIT_RATE_PER_SECOND": "0",
     }
