@@ -3,6 +3,9 @@ machine measured in the same run:
 
   library  ``dispatcher.intake.service.submit`` in the caller's transaction (SQLAlchemy async,
            psycopg 3, pool size = clients)
+  session  the SQL ``submit()`` sends, captured from it, sent through the caller's
+           ``AsyncSession`` (same engine and pool), one transaction per call: the fair
+           ceiling of a library call in the caller's transaction (bench.intake_session)
   http     ``POST /v1/tool-calls`` against ``tool-dispatcher serve`` in its own process,
            driven by a minimal raw asyncio HTTP/1.1 keep-alive client in this process
   pgbench  the same rows in one plain transaction (INSERT the call RETURNING *, INSERT
@@ -14,7 +17,7 @@ inherits another's table growth. Run it as::
 
     .venv/bin/python -m bench.intake [--seconds 6] [--clients 1,16,64]
         [--database-url postgresql://postgres@127.0.0.1:5432/postgres]
-        [--only library,http,pgbench,psycopg]
+        [--only library,session,http,pgbench,psycopg]
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from bench.harness import (
     Call,
@@ -52,6 +56,7 @@ from bench.harness import (
     postgres_processes,
     render_table,
 )
+from bench.intake_session import capture, describe, replay_client
 from dispatcher.db import migrate
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.intake.keys import fingerprint
@@ -60,18 +65,18 @@ from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import Settings, hash_api_key
 from dispatcher.testing.databases import with_database
 from dispatcher.testing.embedded import free_port, wait_for_port
-from dispatcher.testing.registries import sandbox_registry
+from dispatcher.testing.registries import SANDBOX_REGISTRY, sandbox_registry
 
 ROOT = Path(__file__).resolve().parent.parent
-MODES = ("library", "http", "pgbench", "psycopg")
+MODES = ("library", "session", "http", "pgbench", "psycopg")
 TENANT = "bench"
 CAPABILITY = "send-email"  # no approval, no key template: one call, two events, one command
 INPUT = {"to": "customer@example.com", "subject": "Your refund", "orderId": "o-1001"}
 TOPIC = "tool-dispatcher.commands"
 EVENTS_TOPIC = "tool-dispatcher.events"
 PRODUCER = "tool-dispatcher.intake"
-# Targets at 16 clients (issue 2).
-TARGETS = {"library/psycopg": 0.7, "http/pgbench": 0.3}
+# Targets at 16 clients (issue 15).
+TARGETS = {"library/session": 0.9, "library/psycopg": 0.75, "http/pgbench": 0.6}
 TARGET_CLIENTS = 16
 NOISY_OTHER_LOAD = 25.0
 
@@ -228,28 +233,51 @@ def _meter(url: str, **roles: psutil.Process) -> CpuMeter:
     return CpuMeter({**groups, "postgres": lambda: postgres_processes(database)})
 
 
-async def run_library(url: str, clients: int, seconds: float, warmup: float) -> Cell:
+def library_engine(url: str, clients: int) -> AsyncEngine:
     # Like the raw psycopg pool it is compared with: no pre-ping round trip per checkout.
-    engine = create_engine(Settings(database_url=url, db_pool_size=clients, db_pool_pre_ping=False))
-    sessions = session_factory(engine)
+    return create_engine(Settings(database_url=url, db_pool_size=clients, db_pool_pre_ping=False))
+
+
+def library_client(sessions: async_sessionmaker[AsyncSession], run: str) -> Call:
+    """One client's call: ``submit()`` in a transaction of its own."""
     registry = sandbox_registry()
 
-    def client(i: int) -> Call:
-        async def call() -> None:
-            async with sessions() as session, session.begin():
-                await submit(
-                    session,
-                    SubmitRequest(run_id=f"run-{i}", capability_id=CAPABILITY, input=INPUT),
-                    tenant=TENANT,
-                    registry=registry,
-                )
+    async def call() -> None:
+        async with sessions() as session, session.begin():
+            await submit(
+                session,
+                SubmitRequest(run_id=run, capability_id=CAPABILITY, input=INPUT),
+                tenant=TENANT,
+                registry=registry,
+            )
 
-        return call
+    return call
 
+
+async def run_library(url: str, clients: int, seconds: float, warmup: float) -> Cell:
+    engine = library_engine(url, clients)
+    sessions = session_factory(engine)
     try:
         return await drive(
             Cell("library", clients),
-            [client(i) for i in range(clients)],
+            [library_client(sessions, f"run-{i}") for i in range(clients)],
+            seconds=seconds,
+            warmup=warmup,
+            cpu=_meter(url, client=psutil.Process()),
+        )
+    finally:
+        await engine.dispose()
+
+
+async def run_session(url: str, clients: int, seconds: float, warmup: float) -> Cell:
+    engine = library_engine(url, clients)
+    sessions = session_factory(engine)
+    try:
+        statements = await capture(engine, library_client(sessions, "run-0"))
+        print(f"  session: {describe(statements)}", flush=True)
+        return await drive(
+            Cell("session", clients),
+            [replay_client(sessions, statements, {"run-0": f"run-{i}"}) for i in range(clients)],
             seconds=seconds,
             warmup=warmup,
             cpu=_meter(url, client=psutil.Process()),
@@ -404,8 +432,9 @@ class _HttpConnection(asyncio.Protocol):
 
 
 def server_flavour() -> str:
-    """What uvicorn picks in this venv (it prefers uvloop and httptools when present)."""
-    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    """The server's event loop (dispatcher.runtime's, which the server inherits through
+    this process's environment) and uvicorn's HTTP parser."""
+    loop = os.environ.get("TOOL_DISPATCHER_EVENT_LOOP", "uvloop")
     http = "httptools" if importlib.util.find_spec("httptools") else "h11"
     return f"uvicorn loop={loop} http={http}"
 
@@ -423,6 +452,8 @@ async def api_process(
         "TOOL_DISPATCHER_HTTP_HOST": "127.0.0.1",
         "TOOL_DISPATCHER_HTTP_PORT": str(port),
         "TOOL_DISPATCHER_DB_POOL_SIZE": str(max(clients, 2)),
+        # `serve` has no default registry; the library modes use this one too.
+        "TOOL_DISPATCHER_CAPABILITIES_FILE": str(SANDBOX_REGISTRY),
         # One tenant at full speed is what is measured: its rate limit would cap it.
         "TOOL_DISPATCHER_SUBMIT_RATE_PER_SECOND": "0",
     }
@@ -494,6 +525,7 @@ async def run_http(url: str, clients: int, seconds: float, warmup: float) -> Cel
 
 RUNNERS = {
     "library": run_library,
+    "session": run_session,
     "http": run_http,
     "pgbench": run_pgbench,
     "psycopg": run_psycopg,

@@ -18,6 +18,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Scope = Literal["submit", "read", "approve", "operate"]
+# The event loop of every long-running process (dispatcher.runtime).
+EventLoop = Literal["uvloop", "asyncio"]
 ALL_SCOPES: tuple[Scope, ...] = ("submit", "read", "approve", "operate")
 
 
@@ -99,6 +101,9 @@ class Settings(BaseSettings):
     kafka_bootstrap: str | None = None
     # Tansu and some managed brokers reject the idempotent producer.
     kafka_enable_idempotence: bool = True
+
+    # uvloop unless set to "asyncio" (dispatcher.runtime.run).
+    event_loop: EventLoop = "uvloop"
 
     state_dir: Path = Path(".tool-dispatcher")
     capabilities_file: Path | None = None

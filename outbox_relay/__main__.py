@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import NoReturn
 
+import uvloop
+
 from outbox_relay.config import RelayConfig
 from outbox_relay.relay import run_relay
 
@@ -113,8 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from prometheus_client import start_http_server
 
         start_http_server(args.metrics_port)
-    # psycopg's async driver needs a selector loop on Windows; elsewhere the default.
-    asyncio.run(_serve(config))
+    # uvloop, as every process of tool-dispatcher (dispatcher.runtime, which this
+    # package sits below): the relay's CPU is mostly event-loop and driver bookkeeping.
+    uvloop.run(_serve(config))
     return 0
 
 

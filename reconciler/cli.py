@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import uvloop
 from prometheus_client import start_http_server
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from dispatcher import runtime
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.cli.parsing import fail, require_registry
 from dispatcher.db.engine import create_engine, session_factory
@@ -41,8 +41,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         fail("TOOL_DISPATCHER_DATABASE_URL is not set", 2)
     registry = require_registry(settings)
     try:
-        # uvloop: the lookups are CPU-bound in the HTTP client; it measurably helps.
-        return uvloop.run(_main(settings, registry, once=args.once))
+        return runtime.run(_main(settings, registry, once=args.once), settings)
     except Exception as exc:
         if classify(exc) is not DbErrorClass.UNAVAILABLE:
             raise

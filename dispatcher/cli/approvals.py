@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from dispatcher import runtime
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.cli.parsing import OneLineArgumentParser, fail
 from dispatcher.control.approvals import expire_due
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.interval <= 0 or args.batch < 1:
         fail("--interval must be positive and --batch at least 1")
     try:
-        return asyncio.run(_run(args, settings))
+        return runtime.run(_run(args, settings), settings)
     except Exception as exc:
         if classify(exc) is not DbErrorClass.UNAVAILABLE:
             raise

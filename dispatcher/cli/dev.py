@@ -5,9 +5,9 @@ a production command never loads the sandbox or the chaos harness."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 from typing import Any
 
+from dispatcher import runtime
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.cli.parsing import require_registry
 from dispatcher.settings import Settings
@@ -71,11 +71,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "demo":
         from dispatcher.testing.demo import run_demo
 
-        return asyncio.run(run_demo(settings))
+        return runtime.run(run_demo(settings), settings)
     from dispatcher.testing.local import run_up
 
     registry, sandbox = _dev_registry(settings)
-    return asyncio.run(run_up(settings, registry, sandbox=sandbox))
+    return runtime.run(run_up(settings, registry, sandbox=sandbox), settings)
 
 
 def _dev_registry(settings: Settings) -> tuple[CapabilityRegistry, bool]:

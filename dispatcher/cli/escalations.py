@@ -10,10 +10,10 @@ exits 1.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from typing import Any
 
+from dispatcher import runtime
 from dispatcher.cli.parsing import OneLineArgumentParser, fail
 from dispatcher.control import escalations
 from dispatcher.control.actor import Actor
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.escalations_command == "resolve" and not args.reason.strip():
         fail("--reason must not be empty")
     try:
-        return asyncio.run(_run(args, settings))
+        return runtime.run(_run(args, settings), settings)
     except EscalationAlreadyResolved as exc:
         fail(exc.detail, 1)
     except DispatcherError as exc:

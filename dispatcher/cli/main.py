@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import secrets
 import sys
@@ -12,6 +11,7 @@ from importlib.metadata import entry_points
 
 from pydantic import ValidationError
 
+from dispatcher import runtime
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.cli import dev, outbox
 from dispatcher.cli.parsing import OneLineArgumentParser, fail, require_registry, until_signal
@@ -82,23 +82,25 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         print(f"migrated to {args.revision}")
         return 0
     if args.command == "outbox":
-        return asyncio.run(outbox.run(args, settings.database_url))
+        return runtime.run(outbox.run(args, settings.database_url), settings)
     if args.command == "relay":
         return _relay(settings)
     registry = require_registry(settings)
     if args.command == "serve":
         from dispatcher.api.server import api_server
 
-        asyncio.run(api_server(settings, registry).serve())
+        runtime.run(api_server(settings, registry).serve(), settings)
         return 0
     if args.command == "recover":
-        return asyncio.run(_recover_once(settings, registry))
+        return runtime.run(_recover_once(settings, registry), settings)
     if settings.kafka_bootstrap is None:
         fail("TOOL_DISPATCHER_KAFKA_BOOTSTRAP is not set (or use `tool-dispatcher up`)")
     if args.command == "worker":
         from dispatcher.worker.consumer import run_worker
 
-        return asyncio.run(until_signal(lambda stop: run_worker(settings, registry, stop)))
+        return runtime.run(
+            until_signal(lambda stop: run_worker(settings, registry, stop)), settings
+        )
     raise AssertionError(args.command)
 
 
@@ -112,7 +114,9 @@ def _relay(settings: Settings) -> int:
         config = relay_config(settings)
     except ValueError as exc:
         fail(f"bad relay setting: {exc}")
-    return asyncio.run(until_signal(lambda stop: run_relay_process(settings, config, stop)))
+    return runtime.run(
+        until_signal(lambda stop: run_relay_process(settings, config, stop)), settings
+    )
 
 
 async def _recover_once(settings: Settings, registry: CapabilityRegistry) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
+from dispatcher.db import jsonb
 from dispatcher.settings import Settings, to_sqlalchemy_url
 
 
@@ -13,11 +14,17 @@ def create_engine(settings: Settings) -> AsyncEngine:
         pool_size=settings.db_pool_size,
         max_overflow=0,
         pool_pre_ping=settings.db_pool_pre_ping,
+        json_serializer=jsonb.dumps,
     )
 
 
 def engine_for(url: str, pool_size: int = 5) -> AsyncEngine:
-    return create_async_engine(to_sqlalchemy_url(url), pool_size=pool_size, pool_pre_ping=True)
+    return create_async_engine(
+        to_sqlalchemy_url(url),
+        pool_size=pool_size,
+        pool_pre_ping=True,
+        json_serializer=jsonb.dumps,
+    )
 
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker:  # type: ignore[type-arg]

@@ -9,13 +9,13 @@ of the event its writer recorded in the same transaction.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+import orjson
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -144,8 +144,9 @@ class DispatchCommand:
         """The command a consumed record carries (its value and Kafka headers), or
         None for a message that is not a whole dispatch command."""
         try:
-            payload = json.loads(value) if value is not None else None
-        except ValueError:
+            # orjson: a worker parses every command it consumes. Only strings are read.
+            payload = orjson.loads(value) if value is not None else None
+        except orjson.JSONDecodeError:
             return None
         if not isinstance(payload, dict):
             return None

@@ -422,3 +422,19 @@ async def test_submit_many_never_answers_one_tenant_with_another_tenants_call(
             assert outcome.view.input == request.input, "answered with another tenant's call"
     # A toolCallId is per tenant: each tenant's call-1 is its own, and both are created.
     assert all(isinstance(o, Submission) and o.created for o in outcomes), outcomes
+
+
+async def test_an_integer_beyond_64_bits_is_stored_exactly(
+    engine: AsyncEngine, sessions: Sessions, registry: CapabilityRegistry
+) -> None:
+    # jsonb keeps any integer exactly; the parameter encoder (dispatcher.db.jsonb) must
+    # too, though orjson refuses one this large.
+    big = 2**64 + 1
+    created = await _submit(sessions, registry, email(key="big", input={"to": "a@b.c", "n": big}))
+    assert created.view.input["n"] == big
+    async with engine.connect() as conn:
+        stored = await conn.scalar(
+            text("SELECT input->>'n' FROM tool_calls WHERE tool_call_id = :id"),
+            {"id": created.view.tool_call_id},
+        )
+    assert stored == str(big)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 from dataclasses import replace
 
+from dispatcher import runtime
 from dispatcher.capabilities import Capability
 from dispatcher.cli.parsing import require_registry, until_signal
 from dispatcher.provider.client import (
@@ -56,7 +57,7 @@ async def _run(settings: Settings, stop: asyncio.Event) -> None:
 
 def main() -> int:
     settings = load_settings()
-    return asyncio.run(until_signal(lambda stop: _run(settings, stop)))
+    return runtime.run(until_signal(lambda stop: _run(settings, stop)), settings)
 
 
 if __name__ == "__main__":

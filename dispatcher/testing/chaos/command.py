@@ -5,9 +5,9 @@ settle), 2 on bad arguments."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 
+from dispatcher import runtime
 from dispatcher.settings import Settings
 from dispatcher.testing.chaos.run import ChaosOptions, run_chaos
 
@@ -24,7 +24,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         settle_timeout=args.settle_timeout,
         keep=args.keep,
     )
-    report = asyncio.run(run_chaos(options, settings))
+    report = runtime.run(run_chaos(options, settings), settings)
     print(report.text(), flush=True)
     if args.report:
         report.write(args.report)

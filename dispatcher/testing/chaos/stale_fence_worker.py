@@ -13,13 +13,13 @@ name the recorder calls is rebound in this process only.)
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from dispatcher import runtime
 from dispatcher.cli.parsing import require_registry, until_signal
 from dispatcher.ledger.transitions import BulkMove, Moved, move_many
 from dispatcher.settings import load_settings
@@ -45,7 +45,7 @@ def main() -> int:
     # The recorder's own name for the fenced UPDATE, rebound in this process only.
     outcomes.move_many = status_only  # type: ignore[attr-defined]
     registry = require_registry(settings)
-    return asyncio.run(until_signal(lambda stop: run_worker(settings, registry, stop)))
+    return runtime.run(until_signal(lambda stop: run_worker(settings, registry, stop)), settings)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import psycopg
 
+from dispatcher import runtime
 from dispatcher.cli.parsing import OneLineArgumentParser
 from dispatcher.testing.sandbox.server import SandboxServer
 
@@ -58,7 +59,7 @@ def build_parser(prog: str = "python -m dispatcher.testing.sandbox") -> argparse
 def run(args: argparse.Namespace) -> int:
     """Serve with parsed arguments (``host``, ``port``, ``database_url``); 0 on SIGTERM."""
     try:
-        return asyncio.run(_serve(args.host, args.port, args.database_url))
+        return runtime.run(_serve(args.host, args.port, args.database_url))
     except KeyboardInterrupt:
         return 130
     except (OSError, psycopg.Error) as exc:  # the port is taken, the database unreachable
