@@ -10,11 +10,11 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.embedded import free_port
@@ -83,7 +83,7 @@ async def test_secret_is_sent_but_never_stored_or_logged(
     caplog.set_level(logging.DEBUG)
     registry = registry_of(capability("refund", provider.url))
     call = await submit_call(sessions, registry, "refund", {"orderId": "o-1"}, key="refund:o-1")
-    async with httpx.AsyncClient() as http:
+    async with Transport() as http:
         executor = Executor(
             sessions,
             registry,
@@ -121,7 +121,7 @@ FAILURES: dict[str, tuple[dict[str, Any] | None, str]] = {
 async def test_no_failure_path_stores_or_logs_the_secret(
     sessions: async_sessionmaker[AsyncSession],
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
     caplog: pytest.LogCaptureFixture,
     path: str,
 ) -> None:
@@ -150,10 +150,10 @@ async def test_no_failure_path_stores_or_logs_the_secret(
 async def test_a_credential_that_cannot_be_sent_is_not_quoted(
     sessions: async_sessionmaker[AsyncSession],
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A credential no header can carry: httpx's and h11's errors quote the value; the
+    """A credential no header can carry: an HTTP library's errors quote the value; the
     recorded error names only the exception's type."""
     caplog.set_level(logging.DEBUG)
     registry = registry_of(capability("refund", sandbox.url))
