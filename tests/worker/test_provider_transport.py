@@ -6,6 +6,7 @@ counts every request it read, so "sent once" is observed, not assumed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import socket
 import struct
@@ -150,6 +151,29 @@ async def test_a_failed_tls_handshake_is_not_sent(transport: Transport) -> None:
     assert received and received[0][:1] == b"\x16"  # a TLS handshake record, no request
 
 
+async def test_a_connect_that_never_completes_is_a_connect_timeout_not_sent(
+    transport: Transport,
+) -> None:
+    """A listener that never accepts, its backlog full: the kernel drops our SYNs, so
+    the connection never opens and the connect budget runs out."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    backlog = [socket.socket() for _ in range(4)]
+    try:
+        for sock in backlog:
+            sock.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                sock.connect(("127.0.0.1", port))
+        with pytest.raises(NotSent) as raised:
+            await send(transport, f"http://127.0.0.1:{port}", timeout=0.2)
+    finally:
+        for sock in [*backlog, listener]:
+            sock.close()
+    assert type(raised.value.__cause__).__name__ == "ConnectionTimeoutError"
+
+
 @pytest.mark.parametrize("method", ["POST", "PUT"])
 async def test_a_reset_after_the_request_was_read_is_unknown_and_never_resent(
     transport: Transport, method: str
@@ -214,10 +238,11 @@ async def test_a_redirect_is_answered_not_followed(transport: Transport) -> None
 
 async def test_requests_beyond_the_pool_wait_for_a_connection_and_reuse_it() -> None:
     """Waiting for a free connection is not connecting: it never turns into "not sent",
-    however long it takes, and the one pooled connection is kept alive."""
-    async with Transport(1) as transport, Provider(lambda n, c: "answer") as provider:
+    however long it takes (here eight answers of 50 ms each, one at a time, against a
+    connect budget of 200 ms), and the one pooled connection is kept alive."""
+    async with Transport(1) as transport, Provider(lambda n, c: "slow") as provider:
         replies = await asyncio.gather(
-            *(send(transport, provider.url, timeout=0.5) for _ in range(5))
+            *(send(transport, provider.url, timeout=0.2) for _ in range(8))
         )
-    assert [r.status for r in replies] == [200] * 5
+    assert [r.status for r in replies] == [200] * 8
     assert {c for c, _, _ in provider.requests} == {1}
