@@ -142,7 +142,7 @@ class ProviderLookup:
                 endpoint.method,
                 url,
                 headers=self._headers(capability),
-                timeout=endpoint.timeout_seconds,
+                timeout_seconds=endpoint.timeout_seconds,
             )
         except (NotSent, MaybeReceived) as exc:
             # A read: sent or not, it is simply no answer yet.
@@ -170,7 +170,7 @@ class ProviderLookup:
                 _fill(endpoint, "externalRequestId", external_request_id),
                 headers=headers,
                 body=json_body({"idempotencyKey": idempotency_key}),
-                timeout=endpoint.timeout_seconds,
+                timeout_seconds=endpoint.timeout_seconds,
             )
         except (NotSent, MaybeReceived) as exc:
             # Asked again later under the same key, which undoes the effect once.

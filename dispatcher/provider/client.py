@@ -178,7 +178,7 @@ class ProviderClient:
                 endpoint.url,
                 headers=headers,
                 body=json_body(dict(request.input)),
-                timeout=endpoint.timeout_seconds,
+                timeout_seconds=endpoint.timeout_seconds,
             )
         except Unsendable as exc:
             # Found before a byte was written (a header no request can carry, input

@@ -183,7 +183,7 @@ class Transport:
         *,
         headers: Mapping[str, str],
         body: bytes | None = None,
-        timeout: float,
+        timeout_seconds: float,
     ) -> Reply:
         """Send one request (``body`` is JSON, from :func:`json_body`) and read the
         whole answer. Raises :class:`Unsendable`, :class:`NotSent` or
@@ -208,7 +208,7 @@ class Transport:
                     headers=headers,
                     data=body,
                     allow_redirects=False,
-                    timeout=self._timeout(timeout),
+                    timeout=self._timeout(timeout_seconds),
                 ) as response:
                     content = await response.read()
                     return Reply(response.status, response.headers, content)

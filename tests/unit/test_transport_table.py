@@ -4,7 +4,6 @@ The real-socket side is tests/worker/test_provider_transport.py."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import ssl
 
@@ -40,7 +39,7 @@ AFTER_SENDING_STARTED = [
     aiohttp.ClientPayloadError("Response payload is not completed"),
     aiohttp.SocketTimeoutError("Timeout on reading data from socket"),
     aiohttp.ServerTimeoutError("timeout"),
-    asyncio.TimeoutError(),
+    TimeoutError(),
     aiohttp.ClientConnectionError("Connector is closed."),
     aiohttp.ClientError("anything else"),
     RuntimeError("a bug after the request may have left"),
@@ -107,7 +106,7 @@ async def test_an_unsendable_request_names_only_the_cause_type() -> None:
     async with Transport() as transport:
         with pytest.raises(Unsendable) as raised:
             await transport.send(
-                "POST", "http://127.0.0.1:1/x", headers={"A": "Bearer sécret"}, timeout=1
+                "POST", "http://127.0.0.1:1/x", headers={"A": "Bearer sécret"}, timeout_seconds=1
             )
     assert str(raised.value) == "UnicodeEncodeError"
     assert isinstance(raised.value.cause, UnicodeEncodeError)

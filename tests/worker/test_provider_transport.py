@@ -113,10 +113,14 @@ def cap(url: str, *, method: str = "POST", side_effects: bool = True, timeout: f
 REQUEST = DispatchRequest("tc-1", "k-1", {"n": 1}, "tc-1")
 
 
-async def send(transport: Transport, url: str, method: str = "POST", timeout: float = 2.0) -> Any:
+async def send(transport: Transport, url: str, method: str = "POST", seconds: float = 2.0) -> Any:
     body = b"{}" if method != "GET" else None
     return await transport.send(
-        method, f"{url}/v1/requests", headers={"Idempotency-Key": "k"}, body=body, timeout=timeout
+        method,
+        f"{url}/v1/requests",
+        headers={"Idempotency-Key": "k"},
+        body=body,
+        timeout_seconds=seconds,
     )
 
 
@@ -167,7 +171,7 @@ async def test_a_connect_that_never_completes_is_a_connect_timeout_not_sent(
             with contextlib.suppress(BlockingIOError):
                 sock.connect(("127.0.0.1", port))
         with pytest.raises(NotSent) as raised:
-            await send(transport, f"http://127.0.0.1:{port}", timeout=0.2)
+            await send(transport, f"http://127.0.0.1:{port}", seconds=0.2)
     finally:
         for sock in [*backlog, listener]:
             sock.close()
@@ -205,7 +209,7 @@ async def test_no_answer_is_a_read_timeout_and_may_have_been_received(
 ) -> None:
     async with Provider(lambda n, c: "hang") as provider:
         with pytest.raises(MaybeReceived) as raised:
-            await send(transport, provider.url, timeout=0.2)
+            await send(transport, provider.url, seconds=0.2)
         assert type(raised.value.__cause__).__name__ == "SocketTimeoutError"
         outcome = await ProviderClient(transport).dispatch(cap(provider.url, timeout=0.2), REQUEST)
     assert (outcome.kind, outcome.attempts) == (OutcomeKind.UNKNOWN, 1)
@@ -242,7 +246,7 @@ async def test_requests_beyond_the_pool_wait_for_a_connection_and_reuse_it() -> 
     connect budget of 200 ms), and the one pooled connection is kept alive."""
     async with Transport(1) as transport, Provider(lambda n, c: "slow") as provider:
         replies = await asyncio.gather(
-            *(send(transport, provider.url, timeout=0.2) for _ in range(8))
+            *(send(transport, provider.url, seconds=0.2) for _ in range(8))
         )
     assert [r.status for r in replies] == [200] * 8
     assert {c for c, _, _ in provider.requests} == {1}
