@@ -320,10 +320,10 @@ async def test_lookups_timing_out_escalate_exactly_once_under_five_overlapping_p
     evidence = records[0]["evidence"]
     assert evidence["call"]["input"] == {"n": 1}
     assert evidence["call"]["idempotencyKey"].startswith("k-slow-")
-    assert "ReadTimeout" in evidence["lastError"]
+    assert "SocketTimeoutError" in evidence["lastError"]
     attempts = [h for h in evidence["history"] if h["eventType"] == "tool.call.reconcile_attempted"]
     assert [a["payload"]["lookup"]["observation"] for a in attempts] == ["lookup_failed"] * 2
-    assert evidence["lastAnswer"]["error"] == "lookup: ReadTimeout"
+    assert evidence["lastAnswer"]["error"] == "lookup: SocketTimeoutError"
     assert any(line.startswith("GET http") for line in evidence["providerLookup"])
     esc_id = records[0]["escalation_id"]
     assert f"tool-dispatcher escalations ack {esc_id}" in evidence["commands"]["cli"]

@@ -59,7 +59,7 @@ PATHS: dict[str, tuple[list[dict[str, Any]], bool, str, str | None]] = {
         lookups({"kind": "latency", "latencyMs": 1000}),
         False,
         "escalated",
-        "lookup: ReadTimeout",
+        "lookup: SocketTimeoutError",
     ),
     "compensation fails": (
         [

@@ -139,7 +139,7 @@ async def test_connection_refused_is_retried_then_failed_as_not_sent(
     assert await make_executor().execute(call, "acme") is S.FAILED
     row = await call_row(sessions, call)
     assert row["verification_status"] == "not_observed"
-    assert "ConnectError" in row["last_error"]
+    assert row["last_error"] == "not sent: ClientConnectorError"
     assert (await event_payloads(sessions, call))[-1]["attempts"] == 3
 
 

@@ -43,7 +43,7 @@ def executor_of(
     return Executor(
         sessions,
         registry,
-        ProviderClient([http, http], max_in_flight=4),
+        ProviderClient(http),
         worker_id=worker,
         topics=DEFAULT_TOPICS,
     )
