@@ -70,6 +70,10 @@ TARGETS: dict[str, Target] = {
     "dispatcher/provider/contract.py": Target(
         ("tests/unit/test_provider_contract.py", "tests/unit/test_mutation_contract.py"), 40
     ),
+    # The one place "not sent" is decided, and nothing sent twice behind our back.
+    "dispatcher/provider/transport.py": Target(
+        ("tests/unit/test_transport_table.py", "tests/worker/test_provider_transport.py"), 20
+    ),
     "dispatcher/provider/client.py": Target(
         (
             "tests/unit/test_provider_contract.py",

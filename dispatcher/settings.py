@@ -138,7 +138,8 @@ class Settings(BaseSettings):
     # Workers.
     worker_group_id: str = "tool-dispatcher-workers"
     worker_concurrency: int = Field(default=64, ge=1)
-    # Pooled connections to providers (httpx's pool bookkeeping grows with its size).
+    # Provider requests in flight per worker process, each on its own kept-alive
+    # connection of the process's one pool.
     provider_max_connections: int = Field(default=16, ge=1)
     # Tansu holds every fetch for the full wait: keep it short for latency.
     kafka_fetch_max_wait_ms: int = Field(default=10, ge=0)

@@ -23,7 +23,7 @@ from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.cli.parsing import fail, require_registry
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.db.errors import DbErrorClass, classify
-from dispatcher.provider.contract import pool as provider_pool
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import Settings
 from reconciler.loop import Reconciler
 
@@ -52,16 +52,17 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 async def reconciler_for(
     settings: Settings, registry: CapabilityRegistry
 ) -> AsyncIterator[tuple[Reconciler, async_sessionmaker[AsyncSession]]]:
-    """A reconciler with its own engine and HTTP client, closed on exit."""
+    """A reconciler with its own engine and provider transport (the same kind of pool
+    as the worker's, one connection per lookup in flight), closed on exit."""
     engine = create_engine(settings)
     try:
-        async with provider_pool(settings.reconcile_concurrency) as http:
+        async with Transport(settings.reconcile_concurrency) as transport:
             sessions = session_factory(engine)
             yield (
                 Reconciler(
                     sessions,
                     registry,
-                    http,
+                    transport,
                     topics=settings.topics(),
                     batch_size=settings.reconcile_batch_size,
                     concurrency=settings.reconcile_concurrency,

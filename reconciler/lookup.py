@@ -14,10 +14,7 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
 from dispatcher.capabilities import Capability, Endpoint
-from dispatcher.provider.client import UNBUILDABLE
 from dispatcher.provider.contract import (
     ProviderState,
     credential_headers,
@@ -25,6 +22,14 @@ from dispatcher.provider.contract import (
     read_json,
     state_of,
     status_word,
+)
+from dispatcher.provider.transport import (
+    MaybeReceived,
+    NotSent,
+    Reply,
+    Transport,
+    Unsendable,
+    json_body,
 )
 from reconciler.policy import Observation
 
@@ -102,11 +107,11 @@ def lookup_urls(capability: Capability, external_request_id: str | None, key: st
 
 
 class ProviderLookup:
-    """Lookups and compensations over one pooled ``httpx.AsyncClient``; ``secrets``
+    """Lookups and compensations over the process's :class:`Transport`; ``secrets``
     maps a capability id to its credential, sent as ``Authorization: Bearer``."""
 
-    def __init__(self, http: httpx.AsyncClient, secrets: Mapping[str, str] | None = None) -> None:
-        self._http = http
+    def __init__(self, transport: Transport, secrets: Mapping[str, str] | None = None) -> None:
+        self._transport = transport
         self._secrets = dict(secrets or {})
 
     async def look_up(
@@ -133,18 +138,20 @@ class ProviderLookup:
             )
             return Answer(Observation.UNKNOWABLE, "none", error=why)
         try:
-            response = await self._http.request(
+            reply = await self._transport.send(
                 endpoint.method,
                 url,
                 headers=self._headers(capability),
-                timeout=endpoint.timeout_seconds,
+                timeout_seconds=endpoint.timeout_seconds,
             )
-        except httpx.HTTPError as exc:
-            return Answer(Observation.LOOKUP_FAILED, via, error=f"lookup: {type(exc).__name__}")
-        except UNBUILDABLE as exc:
-            error = f"lookup: request could not be built ({type(exc).__name__}); nothing was sent"
+        except (NotSent, MaybeReceived) as exc:
+            # A read: sent or not, it is simply no answer yet.
+            error = f"lookup: {type(exc.__cause__).__name__}"
             return Answer(Observation.LOOKUP_FAILED, via, error=error)
-        return _classify(response, via)
+        except Unsendable as exc:
+            error = f"lookup: request could not be built ({exc}); nothing was sent"
+            return Answer(Observation.LOOKUP_FAILED, via, error=error)
+        return _classify(reply, via)
 
     async def compensate(
         self, capability: Capability, *, external_request_id: str, idempotency_key: str
@@ -158,22 +165,22 @@ class ProviderLookup:
             "Idempotency-Key": compensation_key(idempotency_key),
         }
         try:
-            response = await self._http.request(
+            reply = await self._transport.send(
                 endpoint.method,
                 _fill(endpoint, "externalRequestId", external_request_id),
                 headers=headers,
-                json={"idempotencyKey": idempotency_key},
-                timeout=endpoint.timeout_seconds,
+                body=json_body({"idempotencyKey": idempotency_key}),
+                timeout_seconds=endpoint.timeout_seconds,
             )
-        except httpx.HTTPError as exc:
-            return CompensationAnswer(Reversal.UNKNOWN, error=f"compensation: {type(exc).__name__}")
-        except UNBUILDABLE as exc:
+        except (NotSent, MaybeReceived) as exc:
+            # Asked again later under the same key, which undoes the effect once.
+            error = f"compensation: {type(exc.__cause__).__name__}"
+            return CompensationAnswer(Reversal.UNKNOWN, error=error)
+        except Unsendable as exc:
             # Provably not sent, and it never will be: asking again cannot help.
-            why = (
-                f"compensation: request could not be built ({type(exc).__name__}); nothing was sent"
-            )
+            why = f"compensation: request could not be built ({exc}); nothing was sent"
             return CompensationAnswer(Reversal.REFUSED, error=why)
-        status, body = response.status_code, read_json(response)
+        status, body = reply.status, read_json(reply)
         if 200 <= status < 300:
             return CompensationAnswer(Reversal.DONE, status, body)
         code = body.get("code") if isinstance(body, dict) else None
@@ -190,13 +197,13 @@ def _fill(endpoint: Endpoint, name: str, value: str) -> str:
     return endpoint.url.replace("{" + name + "}", quote(value, safe=""))
 
 
-def _classify(response: httpx.Response, via: str) -> Answer:
-    status = response.status_code
+def _classify(reply: Reply, via: str) -> Answer:
+    status = reply.status
     if status == 404:
         return Answer(Observation.NOT_FOUND, via, status)
     if status != 200:
         return Answer(Observation.LOOKUP_FAILED, via, status, error=f"lookup: HTTP {status}")
-    body = read_json(response)
+    body = read_json(reply)
     if not isinstance(body, dict):
         return Answer(Observation.UNREADABLE, via, status, error="lookup: body is not an object")
     observation = _OBSERVED[state_of(body)]

@@ -2,7 +2,7 @@
 policy, and record every settlement.
 
 One batch is: a committed claim (``FOR UPDATE SKIP LOCKED`` plus a lease), every
-lookup in flight at once over one pooled ``httpx.AsyncClient``, then one transaction
+lookup in flight at once over the process's provider transport, then one transaction
 recording the confirmations, retries, compensations and escalations. Re-sends go
 through the dispatcher's own executor (point A committed before the request leaves,
 point B fenced), each in its own transactions. Two batches are in flight per pass, so
@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import httpx
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import Capability, CapabilityRegistry
@@ -31,6 +30,7 @@ from dispatcher.ledger.events import EventType
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import Fence
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.worker.executor import Executor
@@ -80,7 +80,7 @@ class Reconciler:
         self,
         sessions: async_sessionmaker[AsyncSession],
         registry: CapabilityRegistry,
-        http: httpx.AsyncClient,
+        transport: Transport,
         *,
         topics: Topics,
         owner: str | None = None,
@@ -93,11 +93,11 @@ class Reconciler:
         self.owner = owner or new_reconciler_id()
         self._sessions = sessions
         self._registry = registry
-        self._lookup = ProviderLookup(http, secrets)
+        self._lookup = ProviderLookup(transport, secrets)
         self._executor = Executor(
             sessions,
             registry,
-            ProviderClient(http, secrets),
+            ProviderClient(transport, secrets),
             worker_id=self.owner,
             topics=topics,
             producer=Producer.RECONCILER,

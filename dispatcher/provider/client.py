@@ -1,11 +1,12 @@
 """Calling a capability's provider, and deciding honestly what happened.
 
-Whether a failed request may have reached the provider is decided from the httpx
-exception type, never from message text (see httpx's exception tree)::
+Whether a failed request may have reached the provider is decided by the transport
+from the exception's type, never its text (the table is in
+:mod:`dispatcher.provider.transport`)::
 
-    ConnectError, ConnectTimeout, PoolTimeout   -> never left this machine: safe to retry
-    ReadTimeout, WriteTimeout, ReadError,
-    WriteError, RemoteProtocolError             -> may have been received: outcome unknown
+    NotSent         never left this machine: safe to retry
+    MaybeReceived   may have been received: outcome unknown
+    Unsendable      cannot be sent at all: the call fails, nothing was sent
 
 Retries (tenacity) only ever see the two exception types raised here on purpose
 (:class:`_NotSent`, :class:`_Throttled`), and always re-send the SAME idempotency key.
@@ -16,15 +17,13 @@ transport error.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_random_exponential
 
@@ -35,6 +34,14 @@ from dispatcher.provider.contract import (
     external_request_id,
     read_object,
     state_of,
+)
+from dispatcher.provider.transport import (
+    MaybeReceived,
+    NotSent,
+    Reply,
+    Transport,
+    Unsendable,
+    json_body,
 )
 
 log = logging.getLogger(__name__)
@@ -110,24 +117,12 @@ def traceparent(seed: str) -> str:
     return f"00-{digest[:32]}-{digest[32:48]}-01"
 
 
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after", "")
+def _retry_after(reply: Reply) -> float | None:
+    value = reply.headers.get("retry-after", "")
     try:
         return max(0.0, float(value))
     except ValueError:
         return None
-
-
-UNBUILDABLE: tuple[type[Exception], ...] = (
-    UnicodeError,
-    ValueError,
-    TypeError,
-    httpx.InvalidURL,
-    httpx.HTTPError,
-)
-"""What httpx raises while it builds a request, before anything is sent: a header
-value that is not ASCII (``UnicodeEncodeError``), input JSON cannot carry (NaN, a
-value of no JSON type), a URL it cannot parse."""
 
 
 def _not_sendable(exc: Exception, attempt: int) -> ProviderOutcome:
@@ -140,36 +135,15 @@ def _not_sendable(exc: Exception, attempt: int) -> ProviderOutcome:
 
 
 class ProviderClient:
-    """Sends dispatch requests over pooled ``httpx.AsyncClient`` s.
+    """Sends dispatch requests over the process's :class:`Transport`.
 
     ``secrets`` maps a capability id to the provider credential added at send time as
     ``Authorization: Bearer``; it is never stored, logged or put in an error.
-
-    Given several clients, each request borrows one that has a free slot: httpcore
-    checks every pooled connection (a socket poll each) and every queued request
-    whenever a request starts or ends, so its CPU cost per request grows with the
-    pool's size. Many small pools keep ``max_in_flight`` requests going at the cost of
-    a small one (measured: 16 in flight over one pool of 16 cost ~1 ms of CPU a
-    request, over eight pools of 2 ~0.45 ms).
     """
 
-    def __init__(
-        self,
-        http: httpx.AsyncClient | Sequence[httpx.AsyncClient],
-        secrets: Mapping[str, str] | None = None,
-        *,
-        max_in_flight: int = 16,
-    ) -> None:
-        self._clients = [http] if isinstance(http, httpx.AsyncClient) else list(http)
-        if not self._clients:
-            raise ValueError("ProviderClient needs at least one httpx.AsyncClient")
+    def __init__(self, transport: Transport, secrets: Mapping[str, str] | None = None) -> None:
+        self._transport = transport
         self._secrets = dict(secrets or {})
-        # Requests beyond the slots wait here rather than in httpcore, whose bookkeeping
-        # costs grow with every queued request. Slots go round the clients, so the
-        # load spreads evenly over them.
-        self._free: asyncio.Queue[httpx.AsyncClient] = asyncio.Queue()
-        for i in range(max(max_in_flight, 1)):
-            self._free.put_nowait(self._clients[i % len(self._clients)])
 
     async def dispatch(self, capability: Capability, request: DispatchRequest) -> ProviderOutcome:
         policy = capability.retry
@@ -198,36 +172,27 @@ class ProviderClient:
             "X-Tool-Call-Id": request.tool_call_id,
         }
         headers.update(credential_headers(self._secrets, capability.id))
-        http = await self._free.get()
         try:
-            try:
-                built = http.build_request(
-                    endpoint.method,
-                    endpoint.url,
-                    json=dict(request.input),
-                    headers=headers,
-                    timeout=endpoint.timeout_seconds,
-                )
-            except UNBUILDABLE as exc:
-                # Raised while the request is put together, before a byte is written.
-                return _not_sendable(exc, attempt)
-            response = await http.send(built)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            raise _NotSent(f"not sent: {type(exc).__name__}") from exc
-        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
-            if not capability.side_effects:
-                raise _NotSent(f"read-only, repeating after {type(exc).__name__}") from exc
-            return ProviderOutcome(
-                OutcomeKind.UNKNOWN, attempt, error=f"sent, no answer: {type(exc).__name__}"
+            reply = await self._transport.send(
+                endpoint.method,
+                endpoint.url,
+                headers=headers,
+                body=json_body(dict(request.input)),
+                timeout_seconds=endpoint.timeout_seconds,
             )
-        except httpx.HTTPError as exc:
-            # Bad URL, unsupported scheme, local protocol misuse (h11 refuses a header
-            # value with CR or LF before writing it): found before anything was sent.
-            return _not_sendable(exc, attempt)
-        finally:
-            self._free.put_nowait(http)
+        except Unsendable as exc:
+            # Found before a byte was written (a header no request can carry, input
+            # JSON cannot encode, a URL that is not one).
+            return _not_sendable(exc.cause, attempt)
+        except NotSent as exc:
+            raise _NotSent(str(exc)) from exc
+        except MaybeReceived as exc:
+            cause = type(exc.__cause__).__name__
+            if not capability.side_effects:
+                raise _NotSent(f"read-only, repeating after {cause}") from exc
+            return ProviderOutcome(OutcomeKind.UNKNOWN, attempt, error=f"sent, no answer: {cause}")
         try:
-            return self._classify(capability, response, attempt)
+            return self._classify(capability, reply, attempt)
         except (_NotSent, _Throttled):
             raise
         except Exception as exc:
@@ -235,18 +200,16 @@ class ProviderClient:
             return ProviderOutcome(
                 OutcomeKind.UNKNOWN,
                 attempt,
-                response.status_code,
+                reply.status,
                 error=f"sent; the answer could not be read: {type(exc).__name__}",
             )
 
-    def _classify(
-        self, capability: Capability, response: httpx.Response, attempt: int
-    ) -> ProviderOutcome:
-        status = response.status_code
-        body = read_object(response)
+    def _classify(self, capability: Capability, reply: Reply, attempt: int) -> ProviderOutcome:
+        status = reply.status
+        body = read_object(reply)
         ext_id = external_request_id(body)
-        if status == 429 or (status == 503 and _retry_after(response) is not None):
-            raise _Throttled(f"provider answered {status}", _retry_after(response))
+        if status == 429 or (status == 503 and _retry_after(reply) is not None):
+            raise _Throttled(f"provider answered {status}", _retry_after(reply))
         if 200 <= status < 300:
             state = state_of(body)
             if status != 202 and state is ProviderState.SUCCEEDED:

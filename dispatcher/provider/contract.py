@@ -1,7 +1,7 @@
 """The provider contract as both sides of the service read it: the worker that sends a
 call and the reconciler that asks what became of it. How a provider names the state of
-a request, how its bodies are read, how a credential travels, and the shape of the
-connection pools. ``docs/provider-contract.md`` is the prose."""
+a request, how its bodies are read and how a credential travels.
+``docs/provider-contract.md`` is the prose."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-import httpx
+from dispatcher.provider.transport import Reply
 
 
 class ProviderState(StrEnum):
@@ -42,17 +42,17 @@ def state_of(body: Mapping[str, Any]) -> ProviderState:
     return _WORDS.get(status_word(body), ProviderState.UNRECOGNISED)
 
 
-def read_json(response: httpx.Response) -> Any:
+def read_json(reply: Reply) -> Any:
     """The body as JSON, or None when it is not JSON at all."""
     try:
-        return response.json()
+        return json.loads(reply.body)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
 
 
-def read_object(response: httpx.Response) -> dict[str, Any]:
+def read_object(reply: Reply) -> dict[str, Any]:
     """The body as a JSON object; {} for anything else (nothing in it to act on)."""
-    data = read_json(response)
+    data = read_json(reply)
     return data if isinstance(data, dict) else {}
 
 
@@ -67,31 +67,3 @@ def credential_headers(secrets: Mapping[str, str], capability_id: str) -> dict[s
     only, never stored, logged or put in an error."""
     secret = secrets.get(capability_id)
     return {"Authorization": f"Bearer {secret}"} if secret else {}
-
-
-# Connections per pool for the worker: httpcore's per-request bookkeeping grows with
-# the pool's size, so many small pools beat one large one (see ProviderClient).
-CONNECTIONS_PER_POOL = 2
-
-
-def pool(size: int) -> httpx.AsyncClient:
-    """One pool of ``size`` kept-alive connections to providers."""
-    return httpx.AsyncClient(
-        limits=httpx.Limits(
-            max_connections=size,
-            max_keepalive_connections=size,
-            # Shorter than a provider's idle timeout, so a pooled connection is not
-            # reused just as the server closes it.
-            keepalive_expiry=2.0,
-        ),
-        follow_redirects=False,
-    )
-
-
-def pools(connections: int) -> list[httpx.AsyncClient]:
-    """``connections`` provider connections in pools of at most
-    :data:`CONNECTIONS_PER_POOL`."""
-    sizes = [CONNECTIONS_PER_POOL] * (connections // CONNECTIONS_PER_POOL)
-    if connections % CONNECTIONS_PER_POOL:
-        sizes.append(connections % CONNECTIONS_PER_POOL)
-    return [pool(size) for size in sizes]

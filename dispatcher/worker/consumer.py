@@ -18,7 +18,6 @@ import socket
 import uuid
 from typing import Any
 
-import httpx
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import OffsetAndMetadata
@@ -27,7 +26,7 @@ from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.ledger.messages import DispatchCommand
 from dispatcher.provider.client import ProviderClient
-from dispatcher.provider.contract import pools as provider_pools
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import Settings
 from dispatcher.topics import ensure_topics_when_reachable
 from dispatcher.worker.crashpoints import CrashPoints
@@ -37,18 +36,13 @@ from dispatcher.worker.redrive import redrive_stale
 
 log = logging.getLogger(__name__)
 
-"""Measured against the sandbox: pools of 1 or 2 connections cost the least CPU per
-request; from 4 up the cost grows with the pool."""
-
 
 def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def default_provider(settings: Settings, pools: list[httpx.AsyncClient]) -> ProviderClient:
-    return ProviderClient(
-        pools, settings.provider_credentials(), max_in_flight=settings.provider_max_connections
-    )
+def default_provider(settings: Settings, transport: Transport) -> ProviderClient:
+    return ProviderClient(transport, settings.provider_credentials())
 
 
 async def run_worker(
@@ -68,9 +62,12 @@ async def run_worker(
         return
     engine = create_engine(settings)
     sessions = session_factory(engine)
-    pools = [] if provider is not None else provider_pools(settings.provider_max_connections)
+    # One transport per process (opened on first send); a provider handed in brings its
+    # own.
+    transport: Transport | None = None
     if provider is None:
-        provider = default_provider(settings, pools)
+        transport = Transport(settings.provider_max_connections)
+        provider = default_provider(settings, transport)
     executor = Executor(
         sessions,
         registry,
@@ -106,8 +103,8 @@ async def run_worker(
         with contextlib.suppress(asyncio.CancelledError):
             await sweeper
         await consumer.stop()
-        for http in pools:
-            await http.aclose()
+        if transport is not None:
+            await transport.close()
         await engine.dispose()
 
 

@@ -25,6 +25,7 @@ from dispatcher.errors import (
     ValidationFailed,
 )
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.transport import Transport
 from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.testing.registries import capability, registry_of
@@ -62,7 +63,7 @@ async def client(base_url: str) -> AsyncIterator[DispatcherClient]:
 async def executor(
     sessions: async_sessionmaker[AsyncSession], registry: CapabilityRegistry
 ) -> AsyncIterator[Executor]:
-    async with httpx.AsyncClient() as http:
+    async with Transport() as http:
         yield Executor(
             sessions,
             registry,

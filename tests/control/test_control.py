@@ -19,6 +19,7 @@ from dispatcher.db.tables import runs, tool_calls
 from dispatcher.errors import RunStopped
 from dispatcher.intake.service import submit
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.transport import Transport
 from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
@@ -291,7 +292,7 @@ async def test_concurrent_submissions_and_a_stop_leave_nothing_queued(
 async def dispatch_slowly(
     sessions: Sessions,
     registry: CapabilityRegistry,
-    http: httpx.AsyncClient,
+    http: Transport,
     sandbox_url: str,
     capability: str,
     key: str,
@@ -327,7 +328,7 @@ async def test_an_in_flight_call_finishes_and_is_recorded_after_the_stop(
     sessions: Sessions,
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call, running = await dispatch_slowly(
         sessions, registry, http, sandbox.url, "send", "slow", "run-f"
@@ -346,7 +347,7 @@ async def test_stop_asks_to_compensate_unknown_calls_whose_capability_says_so(
     sessions: Sessions,
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     undo = await unknown_call(
         sessions, registry, http, sandbox.url, "refund-undo", "k-undo",
@@ -433,7 +434,7 @@ async def test_an_in_flight_call_that_succeeds_after_the_stop_is_compensated(
     sessions: Sessions,
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call, running = await dispatch_slowly(
         sessions, registry, http, sandbox.url, "refund-undo", "late", "run-late"

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -28,6 +27,7 @@ from dispatcher.ledger.events import EventType
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import BulkMove, move, move_many
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.registries import capability, registry_of
@@ -104,7 +104,7 @@ async def by_redrive(sessions: Sessions, registry: CapabilityRegistry) -> str:
 
 async def by_recovery(sessions: Sessions, registry: CapabilityRegistry) -> str:
     call = await submit_call(sessions, registry, "lookup", {"n": 4})
-    async with httpx.AsyncClient() as http:
+    async with Transport() as http:
         executor = Executor(
             sessions, registry, ProviderClient(http), worker_id="w-dead", topics=DEFAULT_TOPICS
         )

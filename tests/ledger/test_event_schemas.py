@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import pytest
 import yaml
 from jsonschema import Draft202012Validator, FormatChecker
@@ -27,6 +26,7 @@ from dispatcher.control.actor import Actor
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.ledger.events import EventType, envelope
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.transport import Transport
 from dispatcher.schemas import DecisionRequest, EventView, Finding, RetryRequest
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import EscalationStatus
@@ -90,7 +90,7 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
 
 
 async def scenario(
-    sessions: Sessions, registry: CapabilityRegistry, http: httpx.AsyncClient, sandbox_url: str
+    sessions: Sessions, registry: CapabilityRegistry, http: Transport, sandbox_url: str
 ) -> None:
     executor = Executor(
         sessions, registry, ProviderClient(http), worker_id="w", topics=DEFAULT_TOPICS
@@ -199,7 +199,7 @@ async def scenario(
 async def test_every_event_written_matches_its_schema_and_folds_to_the_state(
     sessions: Sessions,
     registry: CapabilityRegistry,
-    http: httpx.AsyncClient,
+    http: Transport,
     sandbox: SandboxServer,
 ) -> None:
     await scenario(sessions, registry, http, sandbox.url)

@@ -12,6 +12,7 @@ from sqlalchemy import func
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.provider.transport import Transport
 from dispatcher.testing.registries import registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from tests.fixtures.calls import age_calls, insert_call, make_due, shift_clock, unknown_call
@@ -40,7 +41,7 @@ async def test_the_window_counts_from_the_first_send_not_the_last_resend(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     # The first send and the next two re-sends never reach the provider.
     await add_fault(
@@ -109,7 +110,7 @@ async def test_a_failed_call_known_by_id_is_resent_inside_the_window(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call = await unknown_with_provider_id(sessions, sandbox.url, "k-id-new")
 
@@ -123,7 +124,7 @@ async def test_a_failed_call_known_by_id_is_not_resent_past_the_window(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     """onFailed = "redispatch", the lookup by the provider's id answers ``failed``, and
     the key was first sent two minutes ago (the window is one): escalated, not re-sent."""

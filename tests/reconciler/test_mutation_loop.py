@@ -9,12 +9,12 @@ import dataclasses
 import logging
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control.compensation import request_compensation
+from dispatcher.provider.transport import Transport
 from dispatcher.testing.registries import registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from reconciler.due import claim_due
@@ -38,7 +38,7 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
 async def to_compensate(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
-    http: httpx.AsyncClient,
+    http: Transport,
     sandbox: SandboxServer,
     key: str,
 ) -> str:
@@ -68,7 +68,7 @@ async def test_a_refused_reversal_is_escalated_with_its_answer(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call = await to_compensate(sessions, registry, http, sandbox, "k-refused")
     await add_fault(sandbox.url, {**REVERSAL, "kind": "error", "status": 409})
@@ -86,7 +86,7 @@ async def test_an_unanswered_reversal_is_retried_with_backoff_then_escalated(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call = await to_compensate(sessions, registry, http, sandbox, "k-unanswered")
     await add_fault(sandbox.url, {**REVERSAL, "kind": "error", "status": 503})
@@ -113,7 +113,7 @@ async def test_a_reversal_that_raises_is_retried_as_unanswered(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Something other than the transport failing mid-reversal (the lookup's own
@@ -147,7 +147,7 @@ async def test_a_done_reversal_records_the_effect_the_reversal_and_its_evidence(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call = await to_compensate(sessions, registry, http, sandbox, "k-done")
 
@@ -170,7 +170,7 @@ async def test_a_re_send_is_counted_in_its_event(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call = await unknown_call(
         sessions, registry, http, sandbox.url, "refund", "k-resend", {"kind": "drop_before_apply"}
@@ -191,7 +191,7 @@ async def test_a_re_send_under_a_lost_claim_sends_nothing(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
     taken_over: str,
 ) -> None:
     call_id = await unknown_call(
@@ -215,7 +215,7 @@ async def test_a_reversal_with_no_known_request_id_is_escalated_unsent(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     """The lookup said "done" but named no request: nothing to address a reversal to."""
     (call_id,) = await insert_unknown_calls(sessions, ["k-anon"], "refund")
@@ -240,7 +240,7 @@ async def test_a_reversal_with_no_known_request_id_is_escalated_unsent(
 async def test_a_call_of_an_unregistered_capability_is_escalated_without_lookups(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     (call,) = await insert_unknown_calls(sessions, ["k-gone"], "retired-capability")
 
@@ -260,7 +260,7 @@ async def test_overlapping_passes_add_up_every_reconcilers_settlements(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     keys = ["k-o1", "k-o2", "k-o3"]
     await create_at_sandbox(sandbox.url, keys)
@@ -276,7 +276,7 @@ async def test_the_loop_settles_pass_after_pass_until_stopped(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     await create_at_sandbox(sandbox.url, ["k-first", "k-later"])

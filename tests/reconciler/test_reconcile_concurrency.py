@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-import httpx
 import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.tables import execution_events, tool_calls
+from dispatcher.provider.transport import Transport
 from dispatcher.testing.registries import registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from reconciler import Reconciler, Tally
@@ -41,8 +41,7 @@ async def test_two_reconcilers_over_1000_calls_settle_each_exactly_once(
     ids = await insert_unknown_calls(
         sessions, keys, "refund", external_ids={k: external[k] for k in keys[::2]}
     )
-    limits = httpx.Limits(max_connections=64)
-    async with httpx.AsyncClient(limits=limits) as a, httpx.AsyncClient(limits=limits) as b:
+    async with Transport(64) as a, Transport(64) as b:
         reconcilers = [
             new_reconciler(sessions, registry, a, batch_size=50),
             new_reconciler(sessions, registry, b, batch_size=50),

@@ -15,6 +15,7 @@ from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control.compensation import request_compensation
 from dispatcher.db.tables import tool_calls
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.testing.registries import registry_of
 from dispatcher.testing.sandbox import SandboxServer
@@ -51,7 +52,7 @@ async def test_dropped_response_is_confirmed_from_the_provider(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call = await unknown_call(
         sessions, registry, http, sandbox.url, "refund", "k-drop", {"kind": "drop_after_apply"}
@@ -80,7 +81,7 @@ async def test_a_request_that_never_arrived_is_sent_again_with_the_same_key(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call = await unknown_call(
         sessions, registry, http, sandbox.url, "refund", "k-lost", {"kind": "drop_before_apply"}
@@ -111,7 +112,7 @@ async def test_a_call_marked_unknown_before_it_was_sent_is_sent_once(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call = await submit_call(sessions, registry, "refund", {"n": 7}, key="k-died")
     executor = Executor(
@@ -132,7 +133,7 @@ async def test_no_record_under_confirm_failure_policy_is_a_confirmed_failure(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call = await unknown_call(
         sessions,
@@ -159,7 +160,7 @@ async def test_a_request_landing_after_a_first_no_record_is_not_taken_for_a_fail
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     """What a chaos run caught: a request held by a stalling proxy reached the provider
     after the reconciler had been told "no record" and had settled the call a failure."""
@@ -170,9 +171,10 @@ async def test_a_request_landing_after_a_first_no_record_is_not_taken_for_a_fail
     reconciler = new_reconciler(sessions, registry, http)
     await reconciler.run_pass()
     assert (await call_row(sessions, call))["status"] == "result_unknown"
-    landed = await http.post(
-        f"{sandbox.url}/v1/requests", json={"n": 1}, headers={"Idempotency-Key": "k-late"}
-    )
+    async with httpx.AsyncClient() as client:
+        landed = await client.post(
+            f"{sandbox.url}/v1/requests", json={"n": 1}, headers={"Idempotency-Key": "k-late"}
+        )
     assert landed.status_code < 300
     await make_due(sessions)
     await until_settled(reconciler)
@@ -185,7 +187,7 @@ async def test_provider_failure_is_a_confirmed_failure(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call = await unknown_call(
         sessions,
@@ -210,7 +212,7 @@ async def test_accepted_pending_call_is_confirmed_once_the_provider_finishes(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call = await submit_call(
         sessions, registry, "refund", {"simulate": "pending", "pendingLookups": 2}, key="k-pend"
@@ -242,7 +244,7 @@ async def test_compensation_requested_while_unknown_undoes_the_effect_once(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call = await unknown_call(
         sessions, registry, http, sandbox.url, "refund", "k-stop", {"kind": "drop_after_apply"}
@@ -278,7 +280,7 @@ async def test_lookups_timing_out_escalate_exactly_once_under_five_overlapping_p
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     calls = [
         await unknown_call(
@@ -318,10 +320,10 @@ async def test_lookups_timing_out_escalate_exactly_once_under_five_overlapping_p
     evidence = records[0]["evidence"]
     assert evidence["call"]["input"] == {"n": 1}
     assert evidence["call"]["idempotencyKey"].startswith("k-slow-")
-    assert "ReadTimeout" in evidence["lastError"]
+    assert "SocketTimeoutError" in evidence["lastError"]
     attempts = [h for h in evidence["history"] if h["eventType"] == "tool.call.reconcile_attempted"]
     assert [a["payload"]["lookup"]["observation"] for a in attempts] == ["lookup_failed"] * 2
-    assert evidence["lastAnswer"]["error"] == "lookup: ReadTimeout"
+    assert evidence["lastAnswer"]["error"] == "lookup: SocketTimeoutError"
     assert any(line.startswith("GET http") for line in evidence["providerLookup"])
     esc_id = records[0]["escalation_id"]
     assert f"tool-dispatcher escalations ack {esc_id}" in evidence["commands"]["cli"]
@@ -340,7 +342,7 @@ async def test_past_the_idempotency_window_it_escalates_without_sending_anything
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call = await unknown_call(
         sessions,
@@ -368,7 +370,7 @@ async def test_metrics_report_the_backlog_and_its_oldest_call(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     await unknown_call(
         sessions, registry, http, sandbox.url, "refund", "k-m", {"kind": "drop_after_apply"}
@@ -397,7 +399,7 @@ async def test_a_reconciler_whose_claim_was_taken_over_records_nothing(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call = await unknown_call(
         sessions,
@@ -429,12 +431,13 @@ async def test_a_reconciler_whose_claim_was_taken_over_records_nothing(
 
 
 async def held_lookup_arrived(
-    http: httpx.AsyncClient, sandbox_url: str, slow_pass: asyncio.Task[Tally]
+    http: Transport, sandbox_url: str, slow_pass: asyncio.Task[Tally]
 ) -> None:
     """Until the sandbox has used up its one ``latency`` rule: the lookup it holds has
     arrived there."""
     for _ in range(3000):
-        rules = (await http.get(f"{sandbox_url}/v1/faults")).json()["rules"]
+        async with httpx.AsyncClient() as client:
+            rules = (await client.get(f"{sandbox_url}/v1/faults")).json()["rules"]
         if not any(rule["kind"] == "latency" for rule in rules):
             return
         if slow_pass.done():
@@ -463,7 +466,7 @@ async def test_the_events_of_a_settlement_are_published_through_the_outbox(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call = await unknown_call(
         sessions, registry, http, sandbox.url, "refund", "k-pub", {"kind": "drop_after_apply"}

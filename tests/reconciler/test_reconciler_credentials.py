@@ -8,13 +8,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control.compensation import request_compensation
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.registries import registry_of
@@ -59,7 +59,7 @@ PATHS: dict[str, tuple[list[dict[str, Any]], bool, str, str | None]] = {
         lookups({"kind": "latency", "latencyMs": 1000}),
         False,
         "escalated",
-        "lookup: ReadTimeout",
+        "lookup: SocketTimeoutError",
     ),
     "compensation fails": (
         [
@@ -84,7 +84,7 @@ async def test_no_reconciler_failure_path_stores_or_logs_the_secret(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
     caplog: pytest.LogCaptureFixture,
     path: str,
 ) -> None:

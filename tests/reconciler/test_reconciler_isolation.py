@@ -4,13 +4,13 @@ real sandbox)."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control.compensation import request_compensation
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.testing.registries import registry_of
 from dispatcher.testing.sandbox import SandboxServer
@@ -23,7 +23,7 @@ from tests.fixtures.rows import call_row, escalation_rows, events_of
 pytestmark = pytest.mark.postgres
 
 Sessions = async_sessionmaker[AsyncSession]
-# httpx encodes header values as ASCII: a key like this cannot be sent as one.
+# Header values are ASCII: a key like this cannot be sent as one.
 UNSENDABLE_KEY = "ключ"
 
 
@@ -36,7 +36,7 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
 
 
 async def test_a_resend_that_cannot_be_built_fails_alone(
-    sessions: Sessions, registry: CapabilityRegistry, http: httpx.AsyncClient
+    sessions: Sessions, registry: CapabilityRegistry, http: Transport
 ) -> None:
     # Never arrived at the provider (lookup by key: 404), so each is sent again.
     good_a, good_b, bad = await insert_unknown_calls(
@@ -56,7 +56,7 @@ async def test_a_resend_that_cannot_be_built_fails_alone(
 
 
 async def test_a_compensation_that_cannot_be_built_is_escalated_with_that_evidence(
-    sessions: Sessions, registry: CapabilityRegistry, http: httpx.AsyncClient
+    sessions: Sessions, registry: CapabilityRegistry, http: Transport
 ) -> None:
     # An effect the provider really applied, to be undone: its request id is known.
     done = await submit_call(sessions, registry, "refund", {"n": 1}, key="k-iso-done")
@@ -85,11 +85,11 @@ async def test_a_compensation_that_cannot_be_built_is_escalated_with_that_eviden
 
 
 async def test_a_lookup_that_cannot_be_built_leaves_its_call_due(
-    sessions: Sessions, registry: CapabilityRegistry, http: httpx.AsyncClient
+    sessions: Sessions, registry: CapabilityRegistry, http: Transport
 ) -> None:
     [good] = await insert_unknown_calls(sessions, ["k-iso-open"], "refund")
     [locked] = await insert_unknown_calls(sessions, ["k-iso-locked"], "refund-locked")
-    # A credential httpx cannot put in a header: every request of that capability
+    # A credential no header can carry: every request of that capability
     # fails to build, the lookup included.
     reconciler = new_reconciler(sessions, registry, http, secrets={"refund-locked": "sécret"})
 

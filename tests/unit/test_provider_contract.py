@@ -3,10 +3,11 @@ reconciler that looks it up: one vocabulary of status words, one body reader."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-import httpx
 import pytest
+from multidict import CIMultiDict
 
 from dispatcher.capabilities import Capability
 from dispatcher.provider.client import OutcomeKind, ProviderClient
@@ -17,6 +18,7 @@ from dispatcher.provider.contract import (
     read_object,
     state_of,
 )
+from dispatcher.provider.transport import Reply, Transport
 from reconciler.lookup import ProviderLookup, _classify
 from reconciler.policy import Observation
 
@@ -59,15 +61,15 @@ WORDS = {
 }
 
 
-def response(body: Any, status: int = 200) -> httpx.Response:
-    return httpx.Response(status, json=body)
+def response(body: Any, status: int = 200) -> Reply:
+    return Reply(status, CIMultiDict(), json.dumps(body).encode())
 
 
 @pytest.mark.parametrize(("word", "state"), WORDS.items())
 def test_worker_and_reconciler_read_a_status_word_alike(word: str, state: ProviderState) -> None:
     body = {"status": word, "externalRequestId": "ext-1"}
     assert state_of(body) is state
-    sent = ProviderClient(httpx.AsyncClient())._classify(CAPABILITY, response(body), 1)
+    sent = ProviderClient(Transport())._classify(CAPABILITY, response(body), 1)
     looked_up = _classify(response(body), "externalRequestId")
     assert sent.kind is WORKER_KIND[state]
     assert looked_up.observation is LOOKUP_OBSERVATION[state]
@@ -75,7 +77,7 @@ def test_worker_and_reconciler_read_a_status_word_alike(word: str, state: Provid
 
 
 def test_bodies_that_are_not_objects_carry_nothing() -> None:
-    assert read_object(httpx.Response(200, content=b"not json")) == {}
+    assert read_object(Reply(200, CIMultiDict(), b"not json")) == {}
     assert read_object(response([1, 2])) == {}
     assert external_request_id({"id": 7}) == "7"
     assert external_request_id({"externalRequestId": "a", "id": "b"}) == "a"
@@ -86,5 +88,5 @@ def test_a_credential_travels_as_a_bearer_token_of_its_own_capability() -> None:
     secrets = {"c": "s3cret"}
     assert credential_headers(secrets, "c") == {"Authorization": "Bearer s3cret"}
     assert credential_headers(secrets, "other") == {}
-    lookup = ProviderLookup(httpx.AsyncClient(), secrets)
+    lookup = ProviderLookup(Transport(), secrets)
     assert lookup._headers(CAPABILITY) == {"Authorization": "Bearer s3cret"}

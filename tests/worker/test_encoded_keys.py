@@ -3,12 +3,12 @@ sends it percent-encoded, and the call completes."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.registries import capability, registry_of
@@ -32,7 +32,7 @@ async def test_a_non_ascii_template_value_is_sent_percent_encoded(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> None:
     call = await submit_call(sessions, registry, "refund", {"orderId": "ключ"})
     executor = Executor(

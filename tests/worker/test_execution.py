@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.embedded import free_port
@@ -41,7 +41,7 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
 def make_executor(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> MakeExecutor:
     def make(worker_id: str = "worker-a", secrets: dict[str, str] | None = None) -> Executor:
         return Executor(
@@ -139,7 +139,7 @@ async def test_connection_refused_is_retried_then_failed_as_not_sent(
     assert await make_executor().execute(call, "acme") is S.FAILED
     row = await call_row(sessions, call)
     assert row["verification_status"] == "not_observed"
-    assert "ConnectError" in row["last_error"]
+    assert row["last_error"] == "not sent: ClientConnectorError"
     assert (await event_payloads(sessions, call))[-1]["attempts"] == 3
 
 

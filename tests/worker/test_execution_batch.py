@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -14,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.provider.client import OutcomeKind, ProviderClient, ProviderOutcome
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.registries import capability, registry_of
@@ -38,12 +38,12 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
 
 
 def executor_of(
-    sessions: Sessions, registry: CapabilityRegistry, http: httpx.AsyncClient, worker: str
+    sessions: Sessions, registry: CapabilityRegistry, http: Transport, worker: str
 ) -> Executor:
     return Executor(
         sessions,
         registry,
-        ProviderClient([http, http], max_in_flight=4),
+        ProviderClient(http),
         worker_id=worker,
         topics=DEFAULT_TOPICS,
     )
@@ -67,7 +67,7 @@ async def set_status(sessions: Sessions, tool_call_id: str, status: str) -> None
 async def test_only_the_authorized_calls_of_a_batch_are_claimed_once(
     sessions: Sessions,
     registry: CapabilityRegistry,
-    http: httpx.AsyncClient,
+    http: Transport,
     sandbox: SandboxServer,
 ) -> None:
     fresh_a, fresh_b, fresh_c, done, held, cancelled = await submit_calls(sessions, registry, 6)
@@ -102,7 +102,7 @@ async def test_only_the_authorized_calls_of_a_batch_are_claimed_once(
 
 
 async def test_a_taken_over_call_is_not_recorded_and_the_rest_of_its_batch_is(
-    sessions: Sessions, registry: CapabilityRegistry, http: httpx.AsyncClient
+    sessions: Sessions, registry: CapabilityRegistry, http: Transport
 ) -> None:
     calls = await submit_calls(sessions, registry, 3)
     worker = executor_of(sessions, registry, http, "worker-a")
@@ -141,7 +141,7 @@ async def test_a_taken_over_call_is_not_recorded_and_the_rest_of_its_batch_is(
 
 
 async def test_every_outcome_class_is_recorded_in_one_batch(
-    sessions: Sessions, registry: CapabilityRegistry, http: httpx.AsyncClient
+    sessions: Sessions, registry: CapabilityRegistry, http: Transport
 ) -> None:
     calls = await submit_calls(sessions, registry, 5)
     worker = executor_of(sessions, registry, http, "worker-a")
@@ -193,7 +193,7 @@ async def test_every_outcome_class_is_recorded_in_one_batch(
 
 
 async def test_a_call_of_an_unregistered_capability_is_left_authorized(
-    sessions: Sessions, registry: CapabilityRegistry, http: httpx.AsyncClient
+    sessions: Sessions, registry: CapabilityRegistry, http: Transport
 ) -> None:
     known, unknown = await submit_calls(sessions, registry, 2)
     async with sessions() as session, session.begin():
@@ -209,12 +209,12 @@ async def test_a_call_of_an_unregistered_capability_is_left_authorized(
     assert (await call_row(sessions, unknown))["status"] == "authorized"
 
 
-async def test_a_request_httpx_cannot_build_fails_alone_and_the_batch_is_recorded(
-    sessions: Sessions, registry: CapabilityRegistry, http: httpx.AsyncClient
+async def test_a_request_that_cannot_be_built_fails_alone_and_the_batch_is_recorded(
+    sessions: Sessions, registry: CapabilityRegistry, http: Transport
 ) -> None:
     good = await submit_calls(sessions, registry, 4)
-    # Inserted past intake, which may refuse such a key: httpx cannot encode it as an
-    # Idempotency-Key header (UnicodeEncodeError while it builds the request).
+    # Inserted past intake, which may refuse such a key: it cannot travel as an
+    # Idempotency-Key header (UnicodeEncodeError while the request is checked).
     bad = await insert_call(sessions, "authorized", cap_id="refund", idempotency_key="ключ")
     worker = executor_of(sessions, registry, http, "worker-a")
 

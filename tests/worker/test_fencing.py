@@ -9,12 +9,12 @@ import asyncio
 import dataclasses
 from collections.abc import Callable
 
-import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.provider.client import OutcomeKind, ProviderClient, ProviderOutcome
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.registries import capability, registry_of
@@ -47,7 +47,7 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
 def make_executor(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> MakeExecutor:
     def make(worker_id: str) -> Executor:
         return Executor(
@@ -122,7 +122,7 @@ async def test_a_zombie_cannot_record_over_a_reconcilers_resend(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
     make_executor: MakeExecutor,
 ) -> None:
     """A side-effecting call: the zombie claimed it and stalled before sending, the

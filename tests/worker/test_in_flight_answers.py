@@ -5,7 +5,6 @@ call is repeated. Any other 4xx is a refusal: ``failed``."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -14,6 +13,7 @@ from dispatcher.control.actor import Actor
 from dispatcher.control.retry import retry_call
 from dispatcher.errors import RetryNotAllowed
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.transport import Transport
 from dispatcher.schemas import RetryRequest
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
@@ -41,7 +41,7 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
 def executor(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
-    http: httpx.AsyncClient,
+    http: Transport,
 ) -> Executor:
     return Executor(
         sessions, registry, ProviderClient(http), worker_id="worker-a", topics=DEFAULT_TOPICS

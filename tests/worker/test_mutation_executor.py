@@ -11,7 +11,6 @@ import dataclasses
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
-import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -19,6 +18,7 @@ from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.errors import TransitionConflict
 from dispatcher.ledger.messages import Producer
 from dispatcher.provider.client import OutcomeKind, ProviderClient, ProviderOutcome
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.registries import capability, registry_of
@@ -58,7 +58,7 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
 
 @pytest.fixture
 async def executor(sessions: Sessions, registry: CapabilityRegistry) -> AsyncIterator[Executor]:
-    async with httpx.AsyncClient() as http:
+    async with Transport() as http:
         yield Executor(
             sessions, registry, ProviderClient(http), worker_id="worker-a", topics=TOPICS
         )
@@ -123,7 +123,7 @@ async def test_a_batch_passes_its_crash_points_in_order_and_writes_to_its_topics
         sessions, registry, "refund", {"n": 1}, key="k-crash", topics=dataclasses.asdict(TOPICS)
     )
     crash = _Passed()
-    async with httpx.AsyncClient() as http:
+    async with Transport() as http:
         executor = Executor(
             sessions,
             registry,
@@ -188,10 +188,10 @@ async def test_a_fresh_claim_of_a_call_dispatched_before_takes_a_new_dispatch_ti
 async def test_an_error_the_client_does_not_know_leaves_the_call_in_doubt(
     sessions: Sessions, registry: CapabilityRegistry
 ) -> None:
-    """httpx refuses to send over a closed client with a RuntimeError, which the
+    """The transport refuses to send once closed, with a RuntimeError, which the
     provider client does not classify: nothing proves the request never left."""
     call = await submit_call(sessions, registry, "refund", {"n": 1}, key="k-closed")
-    async with httpx.AsyncClient() as http:
+    async with Transport() as http:
         pass
     executor = Executor(
         sessions, registry, ProviderClient(http), worker_id="worker-a", topics=TOPICS

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 from sqlalchemy import text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -19,6 +18,7 @@ from dispatcher.errors import TransitionConflict
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.transitions import Fence
 from dispatcher.provider.client import OutcomeKind, ProviderClient, ProviderOutcome
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.registries import capability, registry_of
@@ -40,7 +40,7 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
 
 @pytest.fixture
 async def executor(sessions: Sessions, registry: CapabilityRegistry) -> AsyncIterator[Executor]:
-    async with httpx.AsyncClient() as http:
+    async with Transport() as http:
         yield Executor(
             sessions, registry, ProviderClient(http), worker_id=OWNER, topics=DEFAULT_TOPICS
         )
@@ -51,7 +51,7 @@ async def in_doubt(
 ) -> tuple[str, int]:
     """A call lost before the provider applied it, first sent a minute ago and taken by
     the reconciler (its lease and a bumped version); returns it and that version."""
-    async with httpx.AsyncClient() as http:
+    async with Transport() as http:
         call = await unknown_call(
             sessions, registry, http, sandbox.url, "refund", key, {"kind": "drop_before_apply"}
         )

@@ -10,11 +10,11 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.embedded import free_port
@@ -83,7 +83,7 @@ async def test_secret_is_sent_but_never_stored_or_logged(
     caplog.set_level(logging.DEBUG)
     registry = registry_of(capability("refund", provider.url))
     call = await submit_call(sessions, registry, "refund", {"orderId": "o-1"}, key="refund:o-1")
-    async with httpx.AsyncClient() as http:
+    async with Transport() as http:
         executor = Executor(
             sessions,
             registry,
@@ -102,7 +102,9 @@ async def test_secret_is_sent_but_never_stored_or_logged(
     assert {"tool_calls", "execution_events", "outbox"} <= set(dumps)
     for table, dump in dumps.items():
         assert SECRET not in dump, table
-    assert caplog.records, "logging was captured"
+    # aiohttp logs nothing per request: a canary proves DEBUG lines were captured.
+    logging.getLogger("dispatcher.provider").debug("canary")
+    assert "canary" in caplog.text, "logging was captured"
     assert SECRET not in caplog.text
 
 
@@ -121,7 +123,7 @@ FAILURES: dict[str, tuple[dict[str, Any] | None, str]] = {
 async def test_no_failure_path_stores_or_logs_the_secret(
     sessions: async_sessionmaker[AsyncSession],
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
     caplog: pytest.LogCaptureFixture,
     path: str,
 ) -> None:
@@ -150,10 +152,10 @@ async def test_no_failure_path_stores_or_logs_the_secret(
 async def test_a_credential_that_cannot_be_sent_is_not_quoted(
     sessions: async_sessionmaker[AsyncSession],
     sandbox: SandboxServer,
-    http: httpx.AsyncClient,
+    http: Transport,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A credential no header can carry: httpx's and h11's errors quote the value; the
+    """A credential no header can carry: an HTTP library's errors quote the value; the
     recorded error names only the exception's type."""
     caplog.set_level(logging.DEBUG)
     registry = registry_of(capability("refund", sandbox.url))

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.provider.client import OutcomeKind, ProviderClient, ProviderOutcome
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.testing.registries import capability, registry_of
@@ -36,7 +36,7 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
 async def executor(
     sessions: async_sessionmaker[AsyncSession], registry: CapabilityRegistry
 ) -> AsyncIterator[Executor]:
-    async with httpx.AsyncClient() as http:
+    async with Transport() as http:
         yield Executor(
             sessions,
             registry,

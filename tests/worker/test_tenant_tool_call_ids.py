@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -14,6 +13,7 @@ from dispatcher.capabilities import CapabilityRegistry, load_registry
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.intake.service import submit
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.transport import Transport
 from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus as S
@@ -64,7 +64,7 @@ async def test_one_worker_batch_runs_each_tenants_call_with_its_own_outcome(
 ) -> None:
     registry = registry_of(capability("refund", sandbox.url))
     await submit_shared(sessions, registry)
-    async with httpx.AsyncClient() as http:
+    async with Transport() as http:
         worker = Executor(
             sessions, registry, ProviderClient(http), worker_id="w", topics=DEFAULT_TOPICS
         )

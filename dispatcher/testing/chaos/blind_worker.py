@@ -11,7 +11,6 @@ wrapper does, so the provider applies the effect a second time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import replace
 
 from dispatcher import runtime
@@ -23,7 +22,7 @@ from dispatcher.provider.client import (
     ProviderClient,
     ProviderOutcome,
 )
-from dispatcher.provider.contract import pools as provider_pools
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import Settings, load_settings
 from dispatcher.worker.consumer import run_worker
 
@@ -43,16 +42,9 @@ class BlindRetryClient(ProviderClient):
 
 async def _run(settings: Settings, stop: asyncio.Event) -> None:
     registry = require_registry(settings)
-    pools = provider_pools(settings.provider_max_connections)
-    client = BlindRetryClient(
-        pools, settings.provider_credentials(), max_in_flight=settings.provider_max_connections
-    )
-    try:
+    async with Transport(settings.provider_max_connections) as transport:
+        client = BlindRetryClient(transport, settings.provider_credentials())
         await run_worker(settings, registry, stop, provider=client)
-    finally:
-        for http in pools:
-            with contextlib.suppress(Exception):
-                await http.aclose()
 
 
 def main() -> int:
