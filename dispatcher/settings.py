@@ -139,8 +139,9 @@ class Settings(BaseSettings):
     worker_group_id: str = "tool-dispatcher-workers"
     worker_concurrency: int = Field(default=64, ge=1)
     # Provider requests in flight per worker process, each on its own kept-alive
-    # connection of the process's one pool.
-    provider_max_connections: int = Field(default=16, ge=1)
+    # connection of the process's one pool: as many as one fetch holds, so a batch is
+    # sent in one round (aiohttp's cost per request does not grow with the pool).
+    provider_max_connections: int = Field(default=64, ge=1)
     # Tansu holds every fetch for the full wait: keep it short for latency.
     kafka_fetch_max_wait_ms: int = Field(default=10, ge=0)
     topic_partitions: int = Field(default=8, ge=1)
