@@ -60,6 +60,7 @@ async def test_a_batch_reports_what_it_read_published_and_dead_lettered(
     latency = _sample("outbox_relay_commit_to_publish_seconds_sum")
     permanent = _sample("outbox_relay_publish_errors_total", kind="permanent")
     dead = _sample("outbox_relay_dead_lettered_total")
+    reordered = _sample("outbox_relay_possibly_reordered_total")
     config = relay_config(database_url, kafka_bootstrap, max_message_bytes=10_000)
 
     async with Relay(config) as relay:
@@ -72,7 +73,9 @@ async def test_a_batch_reports_what_it_read_published_and_dead_lettered(
     assert 3 * 3600 <= _sample("outbox_relay_commit_to_publish_seconds_sum") - latency < 3 * 3700
     assert _sample("outbox_relay_publish_errors_total", kind="permanent") == permanent + 2
     assert _sample("outbox_relay_dead_lettered_total") == dead + 2
-    # The rows behind a dead letter were not even sent: no attempt recorded.
+    # The rows behind a dead letter were not even sent (one sent would have been
+    # acknowledged behind its key's failed row): no attempt recorded.
+    assert _sample("outbox_relay_possibly_reordered_total") == reordered
     states = await scalar(
         database_url,
         "SELECT array_agg(key || ':' || (payload::jsonb ->> 'seq') || ':' || attempts "
@@ -98,10 +101,11 @@ async def test_gauges_count_dead_letters_and_log_what_they_block_once(
     async with Relay(config) as relay:
         await relay.heartbeat()
         assert (await relay.run_once()).dead_lettered == 1
+        await insert(database_url, [message("elsewhere", "fine", 0)])
         await relay.refresh_gauges()
         assert _sample("outbox_relay_dead_letter_rows") == 1
         assert _sample("outbox_relay_blocked_rows") == 1
-        assert _sample("outbox_relay_backlog_rows") == 1
+        assert _sample("outbox_relay_backlog_rows") == 2
         assert blocked_warnings() == 1
         # Nothing changed: said once, not at every refresh.
         await relay.refresh_gauges()

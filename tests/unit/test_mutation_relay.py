@@ -57,7 +57,7 @@ class StepRelay(Relay):
 async def _run_loop(relay: StepRelay, stop: asyncio.Event) -> None:
     try:
         # A loop that waits when it should read again would wait out the poll interval.
-        await asyncio.wait_for(relay._loop(stop), 10)
+        await asyncio.wait_for(relay._loop(stop), 5)
     finally:
         await relay._producer.stop()
 
