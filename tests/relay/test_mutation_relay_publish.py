@@ -130,6 +130,24 @@ async def test_heartbeat_reports_the_lanes_held_and_wakes_the_relay_for_new_ones
         assert not relay._wake.is_set()
 
 
+async def test_a_relay_gives_its_excess_lanes_up_at_its_next_batch(
+    database_url: str, kafka_bootstrap: str
+) -> None:
+    first = relay_config(database_url, kafka_bootstrap, relay_id="relay-first")
+    second = relay_config(database_url, kafka_bootstrap, relay_id="relay-second")
+    async with Relay(first) as a, Relay(second) as b:
+        lanes = await a.heartbeat()
+        assert await b.heartbeat() == frozenset()  # every lane is held
+        await a.heartbeat()  # sees the second relay: its share halves
+        assert a.leases.excess
+        await a.run_once()
+        kept, taken = a.leases.owned, await b.heartbeat()
+    assert kept
+    assert taken
+    assert taken | kept == lanes
+    assert not taken & kept
+
+
 async def test_a_running_relay_renews_its_leases(database_url: str, kafka_bootstrap: str) -> None:
     config = relay_config(database_url, kafka_bootstrap, lease_ttl=0.6)
     query = "SELECT max(heartbeat_at) FROM outbox_lanes WHERE owner = %s"
