@@ -9,6 +9,7 @@ import logging
 from collections.abc import Iterator
 from datetime import timedelta
 
+import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
@@ -23,6 +24,11 @@ pytestmark = [pytest.mark.postgres, pytest.mark.kafka]
 
 def _sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, {"table": "outbox", **labels}) or 0.0
+
+
+async def _execute(database_url: str, statement: str) -> None:
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        await conn.execute(statement)  # type: ignore[arg-type]
 
 
 async def _age_rows(database_url: str, hours: int) -> None:
@@ -161,6 +167,34 @@ async def test_a_running_relay_renews_its_leases(database_url: str, kafka_bootst
 
         async def renewed() -> bool:
             return bool(await scalar(database_url, query, config.relay_id) > first)
+
+        await eventually(renewed, within=10, every=0.05)
+
+
+async def test_a_failed_lease_renewal_is_retried(
+    database_url: str, kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The relays table away for a moment: the renewal fails, and the next one, soon
+    after, renews the leases."""
+    config = relay_config(database_url, kafka_bootstrap, lease_ttl=0.6)
+    query = "SELECT max(heartbeat_at) FROM outbox_lanes WHERE owner = %s"
+    caplog.set_level(logging.WARNING, logger="outbox_relay.relay")
+
+    async def failed() -> bool:
+        return any("lease heartbeat failed" in r.getMessage() for r in caplog.records)
+
+    async def held() -> bool:
+        return await scalar(database_url, query, config.relay_id) is not None
+
+    async with RunningRelay(config):
+        await eventually(held, within=10, every=0.05)
+        await _execute(database_url, "ALTER TABLE outbox_relays RENAME TO outbox_relays_away")
+        await eventually(failed, within=10, every=0.02)
+        await _execute(database_url, "ALTER TABLE outbox_relays_away RENAME TO outbox_relays")
+        back = await scalar(database_url, "SELECT now()")
+
+        async def renewed() -> bool:
+            return bool(await scalar(database_url, query, config.relay_id) > back)
 
         await eventually(renewed, within=10, every=0.05)
 
