@@ -91,6 +91,16 @@ async def test_a_batch_reports_what_it_read_published_and_dead_lettered(
     assert states == ["big:2:0", "bad:1:0"]
 
 
+async def test_a_batch_reads_at_most_batch_size_rows(
+    database_url: str, kafka_bootstrap: str
+) -> None:
+    topic = unique_name("relay-batch")
+    await insert(database_url, [message(topic, f"k{i}", i) for i in range(5)])
+    async with Relay(relay_config(database_url, kafka_bootstrap, batch_size=2)) as relay:
+        await relay.heartbeat()
+        assert [(await relay.run_once()).read for _ in range(4)] == [2, 2, 1, 0]
+
+
 async def test_gauges_count_dead_letters_and_log_what_they_block_once(
     database_url: str, kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
 ) -> None:
