@@ -5,6 +5,7 @@ fast enough to run once per mutant."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from datetime import timedelta
@@ -290,8 +291,17 @@ async def test_rows_not_acknowledged_are_recorded_and_reported(
 
         own_broker.stop(kill=True)
         await insert(database_url, [message(topic, f"k{i % 2}", i) for i in range(1, 4)])
+        batch = asyncio.create_task(relay.run_once())
+        # While it waits for the broker, the relay holds no transaction open (its
+        # statements commit one by one): a long one would hold back vacuum.
+        open_transactions = "SELECT count(*) FROM pg_stat_activity " + (
+            "WHERE datname = current_database() AND state LIKE 'idle in transaction%%'"
+        )
+        while not batch.done():
+            assert await scalar(database_url, open_transactions) == 0
+            await asyncio.sleep(0.02)
         with pytest.raises(TransientPublishError) as raised:
-            await relay.run_once()
+            await batch
 
     first = await scalar(database_url, "SELECT min(id) FROM outbox WHERE published_at IS NULL")
     error = await scalar(database_url, "SELECT last_error FROM outbox WHERE id = %s", first)
