@@ -5,12 +5,13 @@
 
 Each module of ``TARGETS`` is mutated by mutmut (3.x, in the dev extra) in a scratch
 copy of the repository (a temporary directory; the worktree is never touched), and
-each mutant is run against that module's own fast test files only, within the
-module's time budget. mutmut's trampolines select, per mutated function, the tests
-that call it, and it forks each mutant from a process that has imported everything
-already: a mutant costs its covering tests, not an interpreter start. The tests run
-against one PostgreSQL and one broker for the whole run (``TOOL_DISPATCHER_TEST_*``
-if set, else embedded ones started here), so no mutant pays for starting a server.
+each mutant is run against that module's own fast tests only (files, or single tests
+by node id), within the module's time budget. mutmut's trampolines select, per
+mutated function, the tests that call it, and it forks each mutant from a process
+that has imported everything already: a mutant costs its covering tests, not an
+interpreter start. The tests run against one PostgreSQL and one broker for the whole
+run (``TOOL_DISPATCHER_TEST_*`` if set, else embedded ones started here), so no mutant
+pays for starting a server.
 
 It prints, per module: mutants, killed, survived (no covering test counts as
 survived), timeout, not run (the budget ran out first), equivalent, and the score
@@ -100,16 +101,21 @@ TARGETS: dict[str, Target] = {
     "dispatcher/worker/redrive.py": Target(
         ("tests/worker/test_redrive.py", "tests/worker/test_mutation_redrive.py"), 120
     ),
-    # The relay's publish and settle.
+    # The relay's publish and settle. The broker fault tests start a broker of their
+    # own each (seconds a run): only the mutation tests' one is here.
     "outbox_relay/relay.py": Target(
         (
             "tests/unit/test_relay_backoff.py",
             "tests/unit/test_mutation_relay.py",
             "tests/relay/test_relay_publish.py",
+            "tests/relay/test_mutation_relay_publish.py",
+            "tests/relay/test_relay_dead_letters.py",
+            "tests/relay/test_relay_retention.py",
         ),
         140,
         broker=True,
     ),
+    "outbox_relay/schedule.py": Target(("tests/unit/test_mutation_relay.py",), 20),
     "outbox_relay/settle.py": Target(("tests/unit/test_relay_units.py",), 40),
     # Intake's key and fingerprint, and what an approval binds itself to.
     # Pure functions: their unit tests alone (the intake tests take a database each).

@@ -61,6 +61,7 @@ from outbox_relay.kafka import OutboxRow, TopicGate, build_producer, is_permanen
 from outbox_relay.leases import LaneLeases
 from outbox_relay.queries import Queries
 from outbox_relay.retention import purge_batches
+from outbox_relay.schedule import heartbeat_waits, purge_due
 from outbox_relay.settle import NOT_SENT, Outcome, Settlement, settle
 from outbox_relay.wakeup import listen, sleep_unless
 
@@ -317,26 +318,26 @@ class Relay:
             )
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
-        interval = self.config.lease_ttl / 3
+        every, retry = heartbeat_waits(self.config.lease_ttl)
         while not stop.is_set():
             try:
                 await self.heartbeat()
             except (psycopg.Error, PoolTimeout) as exc:
                 log.warning("lease heartbeat failed: %s", exc)
-                if await sleep_unless(stop, min(interval, 1.0)):
+                if await sleep_unless(stop, retry):
                     return
                 continue
-            if await sleep_unless(stop, interval):
+            if await sleep_unless(stop, every):
                 return
 
     async def _housekeeping(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
-        next_purge = loop.time()
+        next_purge, retention_interval = loop.time(), self.config.retention_interval
         while not stop.is_set():
             try:
                 await self.refresh_gauges()
-                if loop.time() >= next_purge:
-                    next_purge = loop.time() + self.config.retention_interval
+                purge, next_purge = purge_due(loop.time(), next_purge, retention_interval)
+                if purge:
                     async with self._pool.connection() as conn:
                         deleted = await purge_batches(
                             conn,
