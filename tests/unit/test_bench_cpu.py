@@ -1,0 +1,58 @@
+"""The benchmarks' CPU accounting (``bench/cpu.py``): a window's CPU read off the
+samples, processes born or gone mid-run, and the comparison with the ideal round."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.cpu import Round, Sample, compare_rows, cpu_between, totals
+
+A, B = (10, 1.0), (11, 2.0)
+
+
+def sample(at: float, machine: float, **cpu: float) -> Sample:
+    return Sample(at, {{"a": A, "b": B}[k]: v for k, v in cpu.items()}, machine)
+
+
+def test_a_process_born_late_counts_from_zero_and_one_gone_keeps_its_last_value() -> None:
+    samples = [sample(0, 0, a=1.0), sample(1, 0, a=2.0, b=0.5), sample(2, 0, b=1.5)]
+    assert totals(samples) == [1.0, 2.5, 3.5]
+
+
+def test_the_window_is_interpolated_between_samples_and_clamped_at_the_ends() -> None:
+    samples = [sample(0, 0.0, a=0.0), sample(1, 4.0, a=1.0), sample(2, 8.0, a=3.0)]
+    used, other = cpu_between(samples, 0.5, 1.5)
+    assert used == pytest.approx(1.5)  # 0.5 -> 2.0
+    assert other == pytest.approx(4.0 - 1.5)
+    assert cpu_between(samples, -5, 10) == pytest.approx((3.0, 5.0))
+
+
+def test_the_rest_of_the_machine_is_never_negative() -> None:
+    samples = [sample(0, 0.0, a=0.0), sample(1, 0.5, a=1.0)]
+    assert cpu_between(samples, 0, 1) == (1.0, 0.0)
+
+
+def test_rounds_are_compared_with_the_ideal_and_only_the_targeted_get_verdicts() -> None:
+    ideal = Round("ideal", 5000, 2.0, 2.5)  # 2,500 calls/s, 500 µs a call
+    fast = Round("ours", 5000, 4.0, 5.0)  # 0.5x the rate, 2x the CPU: both met
+    slow = Round("two", 5000, 5.0, 6.0, other_seconds=1.0)
+    rows = compare_rows([ideal, fast, slow], ideal, targeted=["ours"], max_cpu=2.0)
+    assert rows == [
+        ["ideal", "5,000", "2,500", "500", "1.00x", "1.00x", "", "", "0"],
+        [
+            "ours",
+            "5,000",
+            "1,250",
+            "1,000",
+            "0.50x",
+            "2.00x",
+            "PASS (>= 0.5x)",
+            "PASS (<= 2.0x)",
+            "0",
+        ],
+        ["two", "5,000", "1,000", "1,200", "0.40x", "2.40x", "", "", "200"],
+    ]
+    missed = compare_rows([slow], ideal, targeted=["two"], max_cpu=2.0)[0]
+    assert missed[6:8] == ["MISS (>= 0.5x)", "MISS (<= 2.0x)"]
+    # Without a CPU target the column is left out.
+    assert compare_rows([slow], ideal, targeted=["two"])[0][6:] == ["MISS (>= 0.5x)", "200"]
