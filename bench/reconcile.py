@@ -1,41 +1,52 @@
-"""Benchmark of the reconciler, next to the sandbox's own lookup rate in the same run.
+"""Settling ``result_unknown`` calls: tool-dispatcher's reconciler beside a minimal
+ideal reconciler (bench.ideal_reconciler), in one run against one sandbox, one broker
+and one scratch database, with the sandbox's own lookup rate. Target (issue 15): the
+reconciler at >= 0.5x the ideal's calls/s.
 
     .venv/bin/python -m bench.reconcile [--database-url URL] [--calls 10000]
         [--batch-size 500] [--concurrency 8] [--batches-in-flight 3]
 
-Starts the sandbox provider in a subprocess, applies one request per key there, and
-inserts as many ``result_unknown`` calls (no provider id: each is found by its
-idempotency key, as after a lost response). Then it measures:
-
-- the ceiling: raw keep-alive GET lookups against the same sandbox (bench.sandbox's
-  client), requests per second;
-- the reconciler: calls settled per second until every one is ``confirmed``.
-
-It creates (and drops) its own scratch database on the server named by --database-url.
-Target: the reconciler at 0.5x of the lookup rate or better.
+Starts the sandbox, an embedded Tansu and a relay (which publishes what the reconciler
+writes to the outbox) as processes. Each round gets its own ``result_unknown`` calls
+(no provider id: each is found by its idempotency key, as after a lost response), one
+request per key applied at the sandbox first. Both reconcilers run in this process,
+on uvloop as the reconciler's CLI does, one after the other; a round's calls/s is its
+calls over its pass, its CPU what this process, PostgreSQL, the relay, the broker and
+the sandbox used from the start of the pass until the relay published the round's
+outbox rows, divided by its calls.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
+import os
+import shutil
+import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
+import psutil  # type: ignore[import-untyped]
 import psycopg
 import uvloop
 from sqlalchemy import func, insert, select, text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bench.sandbox import _connection
+from bench.cpu import Round, Sampler, compare_rows, cpu_between, with_children
+from bench.harness import postgres_processes, render_table, service_env, start_python
+from bench.ideal_reconciler import settle_all
+from bench.sandbox import _connection, start_sandbox
 from dispatcher.db import migrate
 from dispatcher.db.engine import engine_for, session_factory
 from dispatcher.db.tables import tool_calls
 from dispatcher.settings import Topics
 from dispatcher.testing.databases import create_database, drop_database, unique_name
-from dispatcher.testing.embedded import free_port
-from dispatcher.testing.registries import capability, registry_of
+from dispatcher.testing.embedded import Tansu, free_port
+from dispatcher.testing.registries import capability, registry_of, registry_toml
 from reconciler import Reconciler
 
 
@@ -52,38 +63,52 @@ async def _apply_at_sandbox(base: str, keys: list[str]) -> None:
             assert all(r.status_code == 200 for r in replies)
 
 
-async def _lookup_rate(host: str, port: int, seconds: float, connections: int) -> float:
+async def _lookup_round(run: Run, seconds: float, connections: int) -> Round:
+    """The sandbox's own lookup rate, driven by this process's raw HTTP/1.1 client."""
     latencies: list[float] = []
-    started = time.perf_counter()
+    sampler = Sampler(lambda: [psutil.Process(), *with_children(run.services[-1:])])
+    sampler.sample()
+    started = time.time()
     counts = await asyncio.gather(
         *(
-            _connection(host, port, "lookup", started + seconds, latencies)
+            _connection(run.host, run.port, "lookup", time.perf_counter() + seconds, latencies)
             for _ in range(connections)
         )
     )
-    return sum(counts) / (time.perf_counter() - started)
-
-
-async def run(args: argparse.Namespace, url: str) -> None:
-    host, port = "127.0.0.1", free_port()
-    base = f"http://{host}:{port}"
-    server = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "dispatcher.testing.sandbox",
-        "--port",
-        str(port),
-        stdout=asyncio.subprocess.PIPE,
+    elapsed = time.time() - started
+    sampler.sample()
+    cpu, other = cpu_between(sampler.samples, started, started + elapsed)
+    return Round(
+        f"sandbox lookups alone (raw client, {connections} conns)", sum(counts), elapsed, cpu, other
     )
-    engine = engine_for(url, pool_size=10)
-    sessions = session_factory(engine)
-    try:
-        assert server.stdout is not None
-        print((await asyncio.wait_for(server.stdout.readline(), 30)).decode().strip())
-        keys = [f"rc:{i}" for i in range(args.calls)]
-        # bench.sandbox's lookup client asks for keys warm:0..99.
-        await _apply_at_sandbox(base, keys + [f"warm:{i}" for i in range(100)])
-        async with sessions() as session, session.begin():
+
+
+@dataclass
+class Run:
+    url: str
+    database: str
+    host: str
+    port: int
+    sessions: async_sessionmaker[AsyncSession]
+    services: list[int | None]
+    """The relay, the broker and the sandbox."""
+
+    @property
+    def base(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def sampler(self) -> Sampler:
+        """This process (the reconciler), the services, PostgreSQL; sampled only at the
+        start and the end of a round, so no sampling thread runs beside the reconciler."""
+        me = psutil.Process()
+        return Sampler(
+            lambda: [me, *with_children(self.services), *postgres_processes(self.database)]
+        )
+
+    async def prepare(self, keys: list[str]) -> None:
+        """``keys`` applied at the sandbox, and a due ``result_unknown`` call for each."""
+        await _apply_at_sandbox(self.base, keys)
+        async with self.sessions() as session, session.begin():
             for start in range(0, len(keys), 1000):
                 await session.execute(
                     insert(tool_calls).values(
@@ -107,49 +132,127 @@ async def run(args: argparse.Namespace, url: str) -> None:
                         ]
                     )
                 )
-        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
             await conn.execute("VACUUM ANALYZE tool_calls")
+            await conn.execute("VACUUM ANALYZE outbox")
 
-        ceiling = await _lookup_rate(host, port, args.seconds, args.connections)
-        print(
-            f"sandbox lookups (raw keep-alive GET, {args.connections} connections): "
-            f"{ceiling:,.0f} req/s"
-        )
+    async def _published(self, within: float = 600) -> None:
+        """Until the relay published every outbox row."""
+        deadline = time.monotonic() + within
+        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+            while True:
+                cursor = await conn.execute(
+                    "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+                )
+                if await cursor.fetchone() == (0,):
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the relay did not publish the outbox")
+                await asyncio.sleep(0.05)
 
+    async def measure(
+        self, name: str, prefix: str, settle: Callable[[], Awaitable[object]]
+    ) -> Round:
+        """Time ``settle()`` and meter the run's CPU until its outbox rows are out;
+        its calls are those confirmed whose keys start with ``prefix``."""
+        sampler = self.sampler()
+        sampler.sample()
+        started = time.time()
+        await settle()
+        elapsed = time.time() - started
+        await self._published()
+        sampler.sample()
+        async with self.sessions() as session:
+            confirmed = (
+                await session.execute(
+                    select(func.count()).where(
+                        tool_calls.c.status == "confirmed",
+                        tool_calls.c.idempotency_key.like(f"{prefix}%"),
+                    )
+                )
+            ).scalar_one()
+        cpu, other = cpu_between(sampler.samples, started, sampler.samples[-1].at)
+        return Round(name, confirmed, elapsed, cpu, other)
+
+
+async def run(args: argparse.Namespace, url: str, database: str) -> None:
+    host, port = "127.0.0.1", free_port()
+    server = await start_sandbox(port)
+    broker = Tansu()
+    bootstrap = broker.start()
+    caps = Path(tempfile.mkdtemp()) / "capabilities.toml"
+    registry = registry_of(
+        capability("refund", f"http://{host}:{port}", timeout=None, attempts=None, by_key=True)
+    )
+    caps.write_text(registry_toml(registry))
+    relay = await start_python(["-m", "dispatcher", "relay"], service_env(url, bootstrap, caps))
+    engine = engine_for(url, pool_size=10)
+    run = Run(
+        url, database, host, port, session_factory(engine), [relay.pid, broker.pid, server.pid]
+    )
+    try:
+        # bench.sandbox's lookup client asks for keys warm:0..99.
+        await _apply_at_sandbox(run.base, [f"warm:{i}" for i in range(100)])
+        ceiling = await _lookup_round(run, args.seconds, args.connections)
+
+        await run.prepare([f"ri:{i}" for i in range(args.calls)])
+        lookup_url = f"{run.base}/v1/requests"
+        ideal = await run.measure(IDEAL, "ri:", lambda: settle_all(url, lookup_url))
+
+        await run.prepare([f"rt:{i}" for i in range(args.calls)])
         limits = httpx.Limits(
             max_connections=args.concurrency, max_keepalive_connections=args.concurrency
         )
         async with httpx.AsyncClient(limits=limits) as http:
             reconciler = Reconciler(
-                sessions,
-                registry_of(capability("refund", base, timeout=None, attempts=None, by_key=True)),
+                run.sessions,
+                registry,
                 http,
                 topics=Topics(events="bench.events", escalations="bench.escalations"),
                 batch_size=args.batch_size,
                 concurrency=args.concurrency,
                 batches_in_flight=args.batches_in_flight,
             )
-            started = time.perf_counter()
-            tally = await reconciler.run_pass()
-            elapsed = time.perf_counter() - started
-        async with sessions() as session:
-            confirmed = (
-                await session.execute(
-                    select(func.count()).where(tool_calls.c.status == "confirmed")
-                )
-            ).scalar_one()
-        assert confirmed == args.calls, (confirmed, tally.counts)
-        rate = confirmed / elapsed
-        print(
-            f"reconciler (batch {args.batch_size}, {args.concurrency} lookups in flight, "
-            f"{args.batches_in_flight} batches in flight): {confirmed} calls settled in "
-            f"{elapsed:.2f}s = {rate:,.0f} calls/s"
-        )
-        print(f"ratio reconciler / sandbox lookups: {rate / ceiling:.2f}x (target >= 0.5x)")
+            ours = await run.measure(
+                f"tool-dispatcher reconciler (batch {args.batch_size}, {args.concurrency} "
+                f"lookups, {args.batches_in_flight} batches in flight)",
+                "rt:",
+                reconciler.run_pass,
+            )
+        async with httpx.AsyncClient() as client:
+            effects = (await client.get(f"{run.base}/v1/effects")).json()
     finally:
         await engine.dispose()
+        relay.terminate()
+        await relay.wait()
         server.terminate()
         await server.wait()
+        broker.stop()
+        shutil.rmtree(caps.parent, ignore_errors=True)
+
+    for r in (ideal, ours):
+        assert r.calls == args.calls, f"{r.name}: {r.calls} of {args.calls} confirmed"
+    print()
+    print(f"{psutil.cpu_count()} cores; load average {os.getloadavg()} at the end")
+    header = [
+        "round",
+        "calls",
+        "calls/s",
+        "CPU µs/call",
+        "calls/s vs ideal",
+        "CPU vs ideal",
+        "target calls/s",
+        "rest of machine µs/call",
+    ]
+    rows = compare_rows([ceiling, ideal, ours], ideal, targeted=[ours.name], min_rate=0.5)
+    print(render_table(rows, header, markdown=True))
+    most = max(effects["effects"].values())
+    print(f"\nsandbox's maximum effects per key: {most} (must be 1)")
+    if most != 1:
+        raise SystemExit("AN EFFECT HAPPENED TWICE")
+
+
+IDEAL = "ideal reconciler (bench.ideal_reconciler)"
 
 
 def main() -> None:
@@ -169,7 +272,7 @@ def main() -> None:
     try:
         migrate.upgrade(url)
         # The reconciler's CLI runs on uvloop too (reconciler/cli.py).
-        uvloop.run(run(args, url))
+        uvloop.run(run(args, url, scratch))
     finally:
         drop_database(args.database_url, scratch)
 
