@@ -6,6 +6,7 @@ processes. Targets (issue 15): 1 worker at >= 0.5x the ideal's calls/s, and at m
 
     .venv/bin/python -m bench.dispatch [--calls 5000] [--database-url URL]
         [--set worker_concurrency=256 --set provider_max_connections=8 ...]
+        [--wait-quiet SECONDS]
 
 Creates (and drops) a scratch database on the server named by --database-url, starts
 an embedded Tansu, the sandbox and a relay as processes; each round has its own fresh
@@ -43,6 +44,7 @@ from bench.cpu import (
     with_children,
 )
 from bench.harness import postgres_processes, render_table, service_env, start_python
+from bench.intake import wait_quiet
 from bench.sandbox import measure, start_sandbox
 from dispatcher.capabilities import load_registry
 from dispatcher.db import migrate
@@ -113,6 +115,7 @@ class Run:
     poll: Poll
     services: list[int | None]
     """The relay, the broker and the sandbox."""
+    wait_quiet: float = 0.0
 
     def sampler(self, spawned: list[int]) -> Sampler:
         """Samples every process of the run: the services, the round's processes (each
@@ -142,6 +145,8 @@ async def run_round(run: Run, name: str, argv: list[list[str]], n: int, tag: str
         "TOOL_DISPATCHER_DISPATCH_TOPIC": topic,
         "TOOL_DISPATCHER_WORKER_GROUP_ID": group,
     }
+    if run.wait_quiet:
+        await wait_quiet(run.wait_quiet)
     spawned: list[int] = []
     sampler = run.sampler(spawned).start()
     procs = []
@@ -235,7 +240,7 @@ async def main(args: argparse.Namespace) -> None:
         env[f"TOOL_DISPATCHER_{name.upper()}"] = value
     relay = await start_python(["-m", "dispatcher", "relay"], env)
     poll = Poll(url)
-    run = Run(url, scratch, env, poll, [relay.pid, broker.pid, sandbox.pid])
+    run = Run(url, scratch, env, poll, [relay.pid, broker.pid, sandbox.pid], args.wait_quiet)
     ideal = [
         "-m",
         "bench.ideal_worker",
@@ -252,6 +257,8 @@ async def main(args: argparse.Namespace) -> None:
     ]
     worker = ["-m", "dispatcher", "worker"]
     try:
+        if args.wait_quiet:
+            await wait_quiet(args.wait_quiet)
         ceiling = await sandbox_round(run, port, args.seconds)
         async with httpx.AsyncClient() as client:
             await client.post(f"{sandbox_url}/v1/reset")
@@ -290,6 +297,13 @@ if __name__ == "__main__":
     )
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--seconds", type=float, default=5.0, help="sandbox measurement")
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each round, wait up to this long for the rest of the machine to idle",
+    )
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument(
         "--set",

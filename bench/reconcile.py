@@ -4,7 +4,7 @@ and one scratch database, with the sandbox's own lookup rate. Target (issue 15):
 reconciler at >= 0.5x the ideal's calls/s.
 
     .venv/bin/python -m bench.reconcile [--database-url URL] [--calls 10000]
-        [--batch-size 500] [--concurrency 8] [--batches-in-flight 3]
+        [--batch-size 500] [--concurrency 8] [--batches-in-flight 3] [--wait-quiet SECONDS]
 
 Starts the sandbox, an embedded Tansu and a relay (which publishes what the reconciler
 writes to the outbox) as processes. Each round gets its own ``result_unknown`` calls
@@ -39,6 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from bench.cpu import Round, Sampler, compare_rows, cpu_between, with_children
 from bench.harness import postgres_processes, render_table, service_env, start_python
 from bench.ideal_reconciler import settle_all
+from bench.intake import wait_quiet
 from bench.sandbox import _connection, start_sandbox
 from dispatcher.db import migrate
 from dispatcher.db.engine import engine_for, session_factory
@@ -193,10 +194,12 @@ async def run(args: argparse.Namespace, url: str, database: str) -> None:
     try:
         # bench.sandbox's lookup client asks for keys warm:0..99.
         await _apply_at_sandbox(run.base, [f"warm:{i}" for i in range(100)])
+        await _quiet(args)
         ceiling = await _lookup_round(run, args.seconds, args.connections)
 
         await run.prepare([f"ri:{i}" for i in range(args.calls)])
         lookup_url = f"{run.base}/v1/requests"
+        await _quiet(args)
         ideal = await run.measure(IDEAL, "ri:", lambda: settle_all(url, lookup_url))
 
         await run.prepare([f"rt:{i}" for i in range(args.calls)])
@@ -213,6 +216,7 @@ async def run(args: argparse.Namespace, url: str, database: str) -> None:
                 concurrency=args.concurrency,
                 batches_in_flight=args.batches_in_flight,
             )
+            await _quiet(args)
             ours = await run.measure(
                 f"tool-dispatcher reconciler (batch {args.batch_size}, {args.concurrency} "
                 f"lookups, {args.batches_in_flight} batches in flight)",
@@ -255,6 +259,11 @@ async def run(args: argparse.Namespace, url: str, database: str) -> None:
 IDEAL = "ideal reconciler (bench.ideal_reconciler)"
 
 
+async def _quiet(args: argparse.Namespace) -> None:
+    if args.wait_quiet:
+        await wait_quiet(args.wait_quiet)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.reconcile", description=__doc__.splitlines()[0]
@@ -266,6 +275,13 @@ def main() -> None:
     parser.add_argument("--batches-in-flight", type=int, default=3)
     parser.add_argument("--connections", type=int, default=32, help="raw lookup clients")
     parser.add_argument("--seconds", type=float, default=3.0, help="raw lookup window")
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each round, wait up to this long for the rest of the machine to idle",
+    )
     args = parser.parse_args()
     scratch = unique_name("bench_reconcile")
     url = create_database(args.database_url, scratch)
