@@ -16,8 +16,8 @@ import bisect
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import psutil  # type: ignore[import-untyped]
 
@@ -37,14 +37,17 @@ class Sample:
     """Busy seconds of the whole machine since boot (all cores)."""
 
 
-def totals(samples: Sequence[Sample]) -> list[float]:
-    """The CPU seconds of all processes seen so far, at each sample: a process missing
-    from a sample (not yet born: 0; exited: its last value) is carried forward."""
+def totals(
+    samples: Sequence[Sample], keep: Callable[[ProcessKey], bool] | None = None
+) -> list[float]:
+    """The CPU seconds of all processes seen so far (those ``keep`` keeps), at each
+    sample: a process missing from a sample (not yet born: 0; exited: its last value)
+    is carried forward."""
     last: dict[ProcessKey, float] = {}
     out = []
     for sample in samples:
         last.update(sample.cpu)
-        out.append(sum(last.values()))
+        out.append(sum(v for k, v in last.items() if keep is None or keep(k)))
     return out
 
 
@@ -71,6 +74,26 @@ def cpu_between(samples: Sequence[Sample], start: float, end: float) -> tuple[fl
     used = _at(times, ours, end) - _at(times, ours, start)
     busy = _at(times, machine, end) - _at(times, machine, start)
     return used, max(0.0, busy - used)
+
+
+def by_role(
+    samples: Sequence[Sample], roles: Mapping[ProcessKey, str], start: float, end: float
+) -> dict[str, float]:
+    """CPU seconds each role (``roles`` names each process's) used between ``start``
+    and ``end``."""
+    times = [s.at for s in samples]
+    out = {}
+    for role in sorted(set(roles.values())):
+        used = totals(samples, lambda k, role=role: roles.get(k) == role)  # type: ignore[misc]
+        out[role] = _at(times, used, end) - _at(times, used, start)
+    return out
+
+
+def _key(proc: psutil.Process) -> ProcessKey | None:
+    try:
+        return (proc.pid, proc.create_time())
+    except psutil.Error:
+        return None
 
 
 def cpu_times(procs: Iterable[psutil.Process]) -> dict[ProcessKey, float]:
@@ -140,16 +163,28 @@ class Sampler:
     ``find`` is asked at every sample: wrap an expensive one in :class:`Rescanned`."""
 
     def __init__(
-        self, find: Callable[[], Iterable[psutil.Process]], interval: float = 0.05
+        self,
+        find: Callable[[], Iterable[psutil.Process]],
+        interval: float = 0.05,
+        role: Callable[[psutil.Process], str] | None = None,
     ) -> None:
         self._find = find
         self._interval = interval
+        self._role = role
+        self.roles: dict[ProcessKey, str] = {}
+        """Each process's role (``role(process)``, asked once per process)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.samples: list[Sample] = []
 
     def sample(self) -> None:
-        cpu = cpu_times(self._find())
+        procs = list(self._find())
+        cpu = cpu_times(procs)
+        if self._role is not None:
+            for proc in procs:
+                key = _key(proc)
+                if key is not None and key not in self.roles:
+                    self.roles[key] = self._role(proc)
         self.samples.append(Sample(time.time(), cpu, machine_busy_seconds()))
 
     def _run(self) -> None:
@@ -179,6 +214,8 @@ class Round:
     seconds: float
     cpu_seconds: float
     other_seconds: float = 0.0
+    roles: dict[str, float] = field(default_factory=dict)
+    """CPU seconds by role (worker, relay, postgres...): where ``cpu_seconds`` went."""
 
     @property
     def rate(self) -> float:
@@ -232,3 +269,25 @@ def compare_rows(
         row.append(f"{r.other_per_call_us:,.0f}")
         rows.append(row)
     return rows
+
+
+def role_of(proc: psutil.Process, named: Mapping[int, str], default: str = "other") -> str:
+    """The role of ``proc``: its own or its nearest ancestor's in ``named`` (pid to
+    role), else "postgres" for a PostgreSQL process, else ``default``."""
+    try:
+        for p in (proc, *proc.parents()):
+            if p.pid in named:
+                return named[p.pid]
+        return "postgres" if proc.name() in ("postgres", "postmaster") else default
+    except psutil.Error:
+        return default
+
+
+def role_rows(rounds: Sequence[Round]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: each round's CPU µs per call by role."""
+    roles = sorted({role for r in rounds for role in r.roles})
+    rows = [
+        [r.name, *(f"{1e6 * r.roles.get(role, 0.0) / r.calls:,.0f}" for role in roles)]
+        for r in rounds
+    ]
+    return ["round (CPU µs/call by process)", *roles], rows

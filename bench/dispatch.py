@@ -38,9 +38,12 @@ from bench.cpu import (
     Rescanned,
     Round,
     Sampler,
+    by_role,
     compare_rows,
     cpu_between,
     processes,
+    role_of,
+    role_rows,
     with_children,
 )
 from bench.harness import postgres_processes, render_table, service_env, start_python
@@ -113,8 +116,8 @@ class Run:
     database: str
     env: dict[str, str]
     poll: Poll
-    services: list[int | None]
-    """The relay, the broker and the sandbox."""
+    services: dict[str, int | None]
+    """The relay, the broker and the sandbox, by role."""
     wait_quiet: float = 0.0
 
     def sampler(self, spawned: list[int]) -> Sampler:
@@ -122,14 +125,15 @@ class Run:
         sample: cheap), their children and PostgreSQL's (a scan of the machine's
         processes, once a second; see :class:`Rescanned`)."""
         known: dict[int, psutil.Process] = {}
+        pids = lambda: [*self.services.values(), *spawned]  # noqa: E731
         scan = Rescanned(
-            lambda: [
-                *with_children([*self.services, *spawned]),
-                *postgres_processes(self.database),
-            ],
-            seconds=1.0,
+            lambda: [*with_children(pids()), *postgres_processes(self.database)], seconds=1.0
         )
-        return Sampler(lambda: [*processes([*self.services, *spawned], known), *scan()])
+        named = {pid: role for role, pid in self.services.items() if pid is not None}
+        return Sampler(
+            lambda: [*processes(pids(), known), *scan()],
+            role=lambda p: role_of(p, {**named, **dict.fromkeys(spawned, "worker")}),
+        )
 
 
 async def run_round(run: Run, name: str, argv: list[list[str]], n: int, tag: str) -> Round:
@@ -180,27 +184,34 @@ async def run_round(run: Run, name: str, argv: list[list[str]], n: int, tag: str
         "SELECT extract(epoch FROM max(published_at)) FROM outbox "
         f"WHERE created_at >= to_timestamp({first})"
     )
-    cpu, other = cpu_between(samples, first, max(last, float(published or last)))
+    end = max(last, float(published or last))
+    cpu, other = cpu_between(samples, first, end)
     completed = run.poll.scalar(
         f"SELECT count(*) FROM tool_calls WHERE status = 'completed' AND {mine}"
     )
     if completed != n:
         print(f"!! {name}: only {completed} of {n} calls completed (the rest in doubt or failed)")
-    return Round(name, completed, last - first, cpu, other)
+    roles = by_role(samples, sampler.roles, first, end)
+    return Round(name, completed, last - first, cpu, other, roles)
 
 
 async def sandbox_round(run: Run, port: int, seconds: float) -> Round:
     """The sandbox's own rate, driven by this process's raw HTTP/1.1 client (counted
     with it: the client is part of that run)."""
     me = psutil.Process()
-    sandbox = with_children(run.services[-1:])
-    sampler = Sampler(lambda: [me, *sandbox]).start()
+    sandbox = with_children([run.services["sandbox"]])
+    sampler = Sampler(
+        lambda: [me, *sandbox], role=lambda p: "client" if p.pid == me.pid else "sandbox"
+    ).start()
     started = time.time()
     total, elapsed, _ = await measure(
         "127.0.0.1", port, mode="create", connections=32, seconds=seconds
     )
-    cpu, other = cpu_between(sampler.stop(), started, started + elapsed)
-    return Round("sandbox alone (raw client, 32 conns)", total, elapsed, cpu, other)
+    samples = sampler.stop()
+    end = started + elapsed
+    cpu, other = cpu_between(samples, started, end)
+    roles = by_role(samples, sampler.roles, started, end)
+    return Round("sandbox alone (raw client, 32 conns)", total, elapsed, cpu, other, roles)
 
 
 def rounds_table(rounds: list[Round], ideal: Round, one_worker: str) -> str:
@@ -240,7 +251,8 @@ async def main(args: argparse.Namespace) -> None:
         env[f"TOOL_DISPATCHER_{name.upper()}"] = value
     relay = await start_python(["-m", "dispatcher", "relay"], env)
     poll = Poll(url)
-    run = Run(url, scratch, env, poll, [relay.pid, broker.pid, sandbox.pid], args.wait_quiet)
+    services = {"relay": relay.pid, "broker": broker.pid, "sandbox": sandbox.pid}
+    run = Run(url, scratch, env, poll, services, args.wait_quiet)
     ideal = [
         "-m",
         "bench.ideal_worker",
@@ -281,6 +293,9 @@ async def main(args: argparse.Namespace) -> None:
     print()
     print(f"{psutil.cpu_count()} cores; load average {os.getloadavg()} at the end")
     print(rounds_table([ceiling, *rounds], rounds[0], ONE))
+    print()
+    header, rows = role_rows([ceiling, *rounds])
+    print(render_table(rows, header, markdown=True))
     most = max(effects["effects"].values())
     print(
         f"\nsandbox's maximum effects per key: {most} (must be 1), "

@@ -36,7 +36,16 @@ import uvloop
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bench.cpu import Round, Sampler, compare_rows, cpu_between, with_children
+from bench.cpu import (
+    Round,
+    Sampler,
+    by_role,
+    compare_rows,
+    cpu_between,
+    role_of,
+    role_rows,
+    with_children,
+)
 from bench.harness import postgres_processes, render_table, service_env, start_python
 from bench.ideal_reconciler import settle_all
 from bench.intake import wait_quiet
@@ -67,7 +76,7 @@ async def _apply_at_sandbox(base: str, keys: list[str]) -> None:
 async def _lookup_round(run: Run, seconds: float, connections: int) -> Round:
     """The sandbox's own lookup rate, driven by this process's raw HTTP/1.1 client."""
     latencies: list[float] = []
-    sampler = Sampler(lambda: [psutil.Process(), *with_children(run.services[-1:])])
+    sampler = run.sampler("client", only="sandbox")
     sampler.sample()
     started = time.time()
     counts = await asyncio.gather(
@@ -78,10 +87,22 @@ async def _lookup_round(run: Run, seconds: float, connections: int) -> Round:
     )
     elapsed = time.time() - started
     sampler.sample()
-    cpu, other = cpu_between(sampler.samples, started, started + elapsed)
-    return Round(
-        f"sandbox lookups alone (raw client, {connections} conns)", sum(counts), elapsed, cpu, other
+    return metered(
+        f"sandbox lookups alone (raw client, {connections} conns)",
+        sum(counts),
+        elapsed,
+        sampler,
+        started,
+        started + elapsed,
     )
+
+
+def metered(
+    name: str, calls: int, seconds: float, sampler: Sampler, start: float, end: float
+) -> Round:
+    cpu, other = cpu_between(sampler.samples, start, end)
+    roles = by_role(sampler.samples, sampler.roles, start, end)
+    return Round(name, calls, seconds, cpu, other, roles)
 
 
 @dataclass
@@ -91,19 +112,30 @@ class Run:
     host: str
     port: int
     sessions: async_sessionmaker[AsyncSession]
-    services: list[int | None]
-    """The relay, the broker and the sandbox."""
+    services: dict[str, int | None]
+    """The relay, the broker and the sandbox, by role."""
 
     @property
     def base(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def sampler(self) -> Sampler:
-        """This process (the reconciler), the services, PostgreSQL; sampled only at the
-        start and the end of a round, so no sampling thread runs beside the reconciler."""
+    def sampler(self, me_as: str, only: str | None = None) -> Sampler:
+        """This process (as ``me_as``), the services (or the ``only`` one), PostgreSQL;
+        sampled at the start and the end of a round only, so that no sampling thread
+        runs beside the reconciler in this process."""
         me = psutil.Process()
+        named = {pid: role for role, pid in self.services.items() if pid is not None}
+        named[me.pid] = me_as
+        if only is not None:
+            pids = [self.services[only]]
+            return Sampler(lambda: [me, *with_children(pids)], role=lambda p: role_of(p, named))
         return Sampler(
-            lambda: [me, *with_children(self.services), *postgres_processes(self.database)]
+            lambda: [
+                me,
+                *with_children(self.services.values()),
+                *postgres_processes(self.database),
+            ],
+            role=lambda p: role_of(p, named),
         )
 
     async def prepare(self, keys: list[str]) -> None:
@@ -156,7 +188,7 @@ class Run:
     ) -> Round:
         """Time ``settle()`` and meter the run's CPU until its outbox rows are out;
         its calls are those confirmed whose keys start with ``prefix``."""
-        sampler = self.sampler()
+        sampler = self.sampler("reconciler")
         sampler.sample()
         started = time.time()
         await settle()
@@ -172,8 +204,7 @@ class Run:
                     )
                 )
             ).scalar_one()
-        cpu, other = cpu_between(sampler.samples, started, sampler.samples[-1].at)
-        return Round(name, confirmed, elapsed, cpu, other)
+        return metered(name, confirmed, elapsed, sampler, started, sampler.samples[-1].at)
 
 
 async def run(args: argparse.Namespace, url: str, database: str) -> None:
@@ -188,9 +219,8 @@ async def run(args: argparse.Namespace, url: str, database: str) -> None:
     caps.write_text(registry_toml(registry))
     relay = await start_python(["-m", "dispatcher", "relay"], service_env(url, bootstrap, caps))
     engine = engine_for(url, pool_size=10)
-    run = Run(
-        url, database, host, port, session_factory(engine), [relay.pid, broker.pid, server.pid]
-    )
+    services = {"relay": relay.pid, "broker": broker.pid, "sandbox": server.pid}
+    run = Run(url, database, host, port, session_factory(engine), services)
     try:
         # bench.sandbox's lookup client asks for keys warm:0..99.
         await _apply_at_sandbox(run.base, [f"warm:{i}" for i in range(100)])
@@ -249,6 +279,9 @@ async def run(args: argparse.Namespace, url: str, database: str) -> None:
         "rest of machine µs/call",
     ]
     rows = compare_rows([ceiling, ideal, ours], ideal, targeted=[ours.name], min_rate=0.5)
+    print(render_table(rows, header, markdown=True))
+    print()
+    header, rows = role_rows([ceiling, ideal, ours])
     print(render_table(rows, header, markdown=True))
     most = max(effects["effects"].values())
     print(f"\nsandbox's maximum effects per key: {most} (must be 1)")

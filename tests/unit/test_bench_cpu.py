@@ -3,9 +3,12 @@ samples, processes born or gone mid-run, and the comparison with the ideal round
 
 from __future__ import annotations
 
+import os
+
+import psutil  # type: ignore[import-untyped]
 import pytest
 
-from bench.cpu import Round, Sample, compare_rows, cpu_between, totals
+from bench.cpu import Round, Sample, by_role, compare_rows, cpu_between, role_of, role_rows, totals
 
 A, B = (10, 1.0), (11, 2.0)
 
@@ -56,3 +59,22 @@ def test_rounds_are_compared_with_the_ideal_and_only_the_targeted_get_verdicts()
     assert missed[6:8] == ["MISS (>= 0.5x)", "MISS (<= 2.0x)"]
     # Without a CPU target the column is left out.
     assert compare_rows([slow], ideal, targeted=["two"])[0][6:] == ["MISS (>= 0.5x)", "200"]
+
+
+def test_each_role_gets_the_cpu_of_its_own_processes_in_the_window() -> None:
+    samples = [sample(0, 0.0, a=0.0, b=1.0), sample(2, 0.0, a=2.0, b=5.0)]
+    roles = {A: "worker", B: "postgres"}
+    assert by_role(samples, roles, 1, 2) == pytest.approx({"worker": 1.0, "postgres": 2.0})
+    ours = Round("ours", 1000, 1.0, 3.0, roles={"worker": 1.0, "postgres": 2.0})
+    ideal = Round("ideal", 1000, 1.0, 0.5, roles={"worker": 0.5})
+    assert role_rows([ideal, ours]) == (
+        ["round (CPU µs/call by process)", "postgres", "worker"],
+        [["ideal", "0", "500"], ["ours", "2,000", "1,000"]],
+    )
+
+
+def test_a_process_takes_its_own_role_or_its_nearest_named_ancestors() -> None:
+    me = psutil.Process()
+    assert role_of(me, {me.pid: "me", os.getppid(): "parent"}) == "me"
+    assert role_of(me, {os.getppid(): "parent"}) == "parent"
+    assert role_of(me, {}) == "other"
