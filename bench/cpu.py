@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import psutil  # type: ignore[import-untyped]
+import psycopg
 
 from bench.harness import machine_busy_seconds
 
@@ -284,10 +285,58 @@ def role_of(proc: psutil.Process, named: Mapping[int, str], default: str = "othe
 
 
 def role_rows(rounds: Sequence[Round]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows: each round's CPU µs per call by role."""
-    roles = sorted({role for r in rounds for role in r.roles})
+    """Header and rows: each round's CPU µs per call by role; a role under 1 µs/call in
+    every round (a short-lived connection that exited before it was named) is left out."""
+    roles = sorted(
+        {role for r in rounds for role, cpu in r.roles.items() if 1e6 * cpu / r.calls >= 0.5}
+    )
     rows = [
         [r.name, *(f"{1e6 * r.roles.get(role, 0.0) / r.calls:,.0f}" for role in roles)]
         for r in rounds
     ]
     return ["round (CPU µs/call by process)", *roles], rows
+
+
+def postmaster_of(url: str) -> int:
+    """The pid of the PostgreSQL server ``url`` connects to (a backend's parent)."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return int(psutil.Process(row[0]).ppid())
+
+
+def counts_for(title: str, database: str, backends: Iterable[int] = ()) -> bool:
+    """Whether a PostgreSQL server's process (by its title) works for ``database``: a
+    backend or autovacuum worker only if it names ``database``, a parallel worker only
+    if its leader is one of ``backends``; the shared ones (checkpointer, WAL writer,
+    background writer, launchers, I/O workers) always: what they do cannot be split by
+    database."""
+    words = title.split()
+    if "[local]" in title or ("(" in title and ")" in title) or "autovacuum worker" in title:
+        return database in words
+    if "parallel worker for PID" in title:
+        return words[-1] in {str(pid) for pid in backends}
+    return True
+
+
+def server_processes(postmaster: int, database: str) -> list[psutil.Process]:
+    """The server ``postmaster`` and those of its processes that work for ``database``
+    (:func:`counts_for`): another server on the machine, or another database's
+    backends on this one (someone else's tests), are not this run's."""
+    try:
+        root = psutil.Process(postmaster)
+        children = root.children()
+    except psutil.Error:
+        return []
+    titles = {}
+    for child in children:
+        try:
+            titles[child] = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+    ours = [p for p, t in titles.items() if "parallel worker" not in t and counts_for(t, database)]
+    pids = [p.pid for p in ours]
+    ours += [
+        p for p, t in titles.items() if "parallel worker" in t and counts_for(t, database, pids)
+    ]
+    return [root, *ours]

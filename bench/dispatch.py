@@ -41,12 +41,14 @@ from bench.cpu import (
     by_role,
     compare_rows,
     cpu_between,
+    postmaster_of,
     processes,
     role_of,
     role_rows,
+    server_processes,
     with_children,
 )
-from bench.harness import postgres_processes, render_table, service_env, start_python
+from bench.harness import render_table, service_env, start_python
 from bench.intake import wait_quiet
 from bench.sandbox import measure, start_sandbox
 from dispatcher.capabilities import load_registry
@@ -118,6 +120,7 @@ class Run:
     poll: Poll
     services: dict[str, int | None]
     """The relay, the broker and the sandbox, by role."""
+    postmaster: int
     wait_quiet: float = 0.0
 
     def sampler(self, spawned: list[int]) -> Sampler:
@@ -127,7 +130,8 @@ class Run:
         known: dict[int, psutil.Process] = {}
         pids = lambda: [*self.services.values(), *spawned]  # noqa: E731
         scan = Rescanned(
-            lambda: [*with_children(pids()), *postgres_processes(self.database)], seconds=1.0
+            lambda: [*with_children(pids()), *server_processes(self.postmaster, self.database)],
+            seconds=1.0,
         )
         named = {pid: role for role, pid in self.services.items() if pid is not None}
         return Sampler(
@@ -252,7 +256,7 @@ async def main(args: argparse.Namespace) -> None:
     relay = await start_python(["-m", "dispatcher", "relay"], env)
     poll = Poll(url)
     services = {"relay": relay.pid, "broker": broker.pid, "sandbox": sandbox.pid}
-    run = Run(url, scratch, env, poll, services, args.wait_quiet)
+    run = Run(url, scratch, env, poll, services, postmaster_of(url), args.wait_quiet)
     ideal = [
         "-m",
         "bench.ideal_worker",

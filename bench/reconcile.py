@@ -42,11 +42,13 @@ from bench.cpu import (
     by_role,
     compare_rows,
     cpu_between,
+    postmaster_of,
     role_of,
     role_rows,
+    server_processes,
     with_children,
 )
-from bench.harness import postgres_processes, render_table, service_env, start_python
+from bench.harness import render_table, service_env, start_python
 from bench.ideal_reconciler import settle_all
 from bench.intake import wait_quiet
 from bench.sandbox import _connection, start_sandbox
@@ -114,6 +116,7 @@ class Run:
     sessions: async_sessionmaker[AsyncSession]
     services: dict[str, int | None]
     """The relay, the broker and the sandbox, by role."""
+    postmaster: int
 
     @property
     def base(self) -> str:
@@ -133,7 +136,7 @@ class Run:
             lambda: [
                 me,
                 *with_children(self.services.values()),
-                *postgres_processes(self.database),
+                *server_processes(self.postmaster, self.database),
             ],
             role=lambda p: role_of(p, named),
         )
@@ -220,7 +223,7 @@ async def run(args: argparse.Namespace, url: str, database: str) -> None:
     relay = await start_python(["-m", "dispatcher", "relay"], service_env(url, bootstrap, caps))
     engine = engine_for(url, pool_size=10)
     services = {"relay": relay.pid, "broker": broker.pid, "sandbox": server.pid}
-    run = Run(url, database, host, port, session_factory(engine), services)
+    run = Run(url, database, host, port, session_factory(engine), services, postmaster_of(url))
     try:
         # bench.sandbox's lookup client asks for keys warm:0..99.
         await _apply_at_sandbox(run.base, [f"warm:{i}" for i in range(100)])

@@ -8,7 +8,17 @@ import os
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from bench.cpu import Round, Sample, by_role, compare_rows, cpu_between, role_of, role_rows, totals
+from bench.cpu import (
+    Round,
+    Sample,
+    by_role,
+    compare_rows,
+    counts_for,
+    cpu_between,
+    role_of,
+    role_rows,
+    totals,
+)
 
 A, B = (10, 1.0), (11, 2.0)
 
@@ -78,3 +88,30 @@ def test_a_process_takes_its_own_role_or_its_nearest_named_ancestors() -> None:
     assert role_of(me, {me.pid: "me", os.getppid(): "parent"}) == "me"
     assert role_of(me, {os.getppid(): "parent"}) == "parent"
     assert role_of(me, {}) == "other"
+
+
+@pytest.mark.parametrize(
+    ("title", "counted"),
+    [
+        ("postgres: 15/main: postgres td_bench 127.0.0.1(45422) idle", True),
+        ("postgres: 15/main: postgres td_test_87 127.0.0.1(45434) idle in transaction", False),
+        ("postgres: postgres td_bench [local] idle", True),
+        ("postgres: postgres postgres [local] idle", False),
+        ("postgres: 15/main: autovacuum worker td_bench", True),
+        ("postgres: 15/main: autovacuum worker td_test_87", False),
+        ("postgres: 15/main: parallel worker for PID 4242", True),
+        ("postgres: 15/main: parallel worker for PID 4343", False),
+        ("postgres: 15/main: checkpointer", True),
+        ("postgres: 15/main: walwriter", True),
+        ("postgres: io worker 0", True),
+    ],
+)
+def test_a_servers_process_counts_for_the_run_unless_it_works_for_another_database(
+    title: str, counted: bool
+) -> None:
+    assert counts_for(title, "td_bench", backends=[4242]) is counted
+
+
+def test_a_role_of_no_cpu_in_any_round_is_left_out() -> None:
+    rounds = [Round("r", 1000, 1.0, 1.0, roles={"worker": 1.0, "other": 0.0001})]
+    assert role_rows(rounds) == (["round (CPU µs/call by process)", "worker"], [["r", "1,000"]])
