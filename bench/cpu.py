@@ -274,14 +274,19 @@ def compare_rows(
 
 def role_of(proc: psutil.Process, named: Mapping[int, str], default: str = "other") -> str:
     """The role of ``proc``: its own or its nearest ancestor's in ``named`` (pid to
-    role), else "postgres" for a PostgreSQL process, else ``default``."""
+    role), else for a PostgreSQL process "pg backends" (the run's connections,
+    autovacuum) or "pg shared" (the server's own processes, which also work for
+    everyone else's databases on it), else ``default``."""
     try:
         for p in (proc, *proc.parents()):
             if p.pid in named:
                 return named[p.pid]
-        return "postgres" if proc.name() in ("postgres", "postmaster") else default
+        if proc.name() not in ("postgres", "postmaster"):
+            return default
+        title = " ".join(proc.cmdline())
     except psutil.Error:
         return default
+    return "pg backends" if works_for_one_database(title) else "pg shared"
 
 
 def role_rows(rounds: Sequence[Round]) -> tuple[list[str], list[list[str]]]:
@@ -312,11 +317,22 @@ def counts_for(title: str, database: str, backends: Iterable[int] = ()) -> bool:
     background writer, launchers, I/O workers) always: what they do cannot be split by
     database."""
     words = title.split()
-    if "[local]" in title or ("(" in title and ")" in title) or "autovacuum worker" in title:
-        return database in words
     if "parallel worker for PID" in title:
         return words[-1] in {str(pid) for pid in backends}
+    if works_for_one_database(title):
+        return database in words
     return True
+
+
+def works_for_one_database(title: str) -> bool:
+    """A backend (a client's connection), an autovacuum worker or a parallel worker,
+    rather than one of the server's shared processes."""
+    return (
+        "[local]" in title
+        or ("(" in title and ")" in title)
+        or "autovacuum worker" in title
+        or "parallel worker for PID" in title
+    )
 
 
 def server_processes(postmaster: int, database: str) -> list[psutil.Process]:

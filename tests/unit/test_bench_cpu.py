@@ -18,6 +18,7 @@ from bench.cpu import (
     role_of,
     role_rows,
     totals,
+    works_for_one_database,
 )
 
 A, B = (10, 1.0), (11, 2.0)
@@ -115,3 +116,11 @@ def test_a_servers_process_counts_for_the_run_unless_it_works_for_another_databa
 def test_a_role_of_no_cpu_in_any_round_is_left_out() -> None:
     rounds = [Round("r", 1000, 1.0, 1.0, roles={"worker": 1.0, "other": 0.0001})]
     assert role_rows(rounds) == (["round (CPU µs/call by process)", "worker"], [["r", "1,000"]])
+
+
+def test_the_servers_shared_processes_are_told_from_those_of_one_database() -> None:
+    assert works_for_one_database("postgres: 15/main: postgres td_bench 127.0.0.1(4542) idle")
+    assert works_for_one_database("postgres: 15/main: autovacuum worker td_bench")
+    assert works_for_one_database("postgres: 15/main: parallel worker for PID 4242")
+    assert not works_for_one_database("postgres: 15/main: walwriter")
+    assert not works_for_one_database("/usr/lib/postgresql/15/bin/postgres -D /var/lib/x")
