@@ -335,17 +335,23 @@ def works_for_one_database(title: str) -> bool:
     )
 
 
-def server_processes(postmaster: int, database: str) -> list[psutil.Process]:
+def server_processes(
+    postmaster: int, database: str, harness: Iterable[int] = ()
+) -> list[psutil.Process]:
     """The server ``postmaster`` and those of its processes that work for ``database``
     (:func:`counts_for`): another server on the machine, or another database's
-    backends on this one (someone else's tests), are not this run's."""
+    backends on this one (someone else's tests), are not this run's, nor the
+    ``harness`` backends (the benchmark's own connection)."""
     try:
         root = psutil.Process(postmaster)
         children = root.children()
     except psutil.Error:
         return []
     titles = {}
+    left_out = set(harness)
     for child in children:
+        if child.pid in left_out:
+            continue
         try:
             titles[child] = " ".join(child.cmdline())
         except psutil.Error:
