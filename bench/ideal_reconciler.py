@@ -5,14 +5,17 @@ Per batch of up to 500 due calls: ONE claiming statement (the due calls locked w
 ``FOR UPDATE SKIP LOCKED`` and stamped with its lease and a bumped version, RETURNING
 what the lookups need), every lookup by idempotency key sent with aiohttp at 64 in
 flight, ONE fenced ``UPDATE ... FROM unnest(...)`` settling every call found succeeded
-(``-> confirmed``). Batches one after another until none is due. No events and no
-outbox rows: that is what makes it ideal.
+(``-> confirmed``). Batches until none is due. No events and no
+outbox rows: that is what makes it ideal. Several batches can be in flight, each on
+its own connection (the claims skip each other's locked rows), as the product's
+reconciler keeps several.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -62,36 +65,51 @@ async def _lookup(http: aiohttp.ClientSession, url: str, key: str) -> dict[str, 
         return None
 
 
-async def settle_all(
-    database_url: str, lookup_url: str, *, batch: int = 500, in_flight: int = 64
+async def _settle_batches(
+    conn: psycopg.AsyncConnection[Any], http: aiohttp.ClientSession, lookup_url: str, batch: int
 ) -> int:
-    """Settle every due call found succeeded at ``lookup_url``; returns how many."""
+    """Batch after batch on one connection until none is due; returns calls settled."""
     settled = 0
     owner = "ideal-reconciler"
+    while True:
+        claimed = await (await conn.execute(CLAIM, {"owner": owner, "limit": batch})).fetchall()
+        if not claimed:
+            return settled
+        found = await asyncio.gather(*(_lookup(http, lookup_url, c[2]) for c in claimed))
+        done = [
+            (c, f)
+            for c, f in zip(claimed, found, strict=True)
+            if f is not None and f.get("status") == "succeeded"
+        ]
+        cursor = await conn.execute(
+            SETTLE,
+            {
+                "owner": owner,
+                "tenants": [c[0] for c, _ in done],
+                "ids": [c[1] for c, _ in done],
+                "versions": [c[3] for c, _ in done],
+                "results": [json.dumps(f.get("result")) for _, f in done],
+                "exts": [f.get("externalRequestId") for _, f in done],
+            },
+        )
+        settled += cursor.rowcount
+
+
+async def settle_all(
+    conns: Sequence[psycopg.AsyncConnection[Any]],
+    lookup_url: str,
+    *,
+    batch: int = 500,
+    in_flight: int = 64,
+) -> int:
+    """Settle every due call found succeeded at ``lookup_url``, one batch in flight per
+    connection of ``conns`` (autocommit; the caller's, so that their server processes
+    outlive the measurement), ``in_flight`` lookups at once in all; returns how many."""
     connector = aiohttp.TCPConnector(limit=in_flight)
-    async with (
-        await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn,
-        aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(5.0)) as http,
-    ):
-        while True:
-            claimed = await (await conn.execute(CLAIM, {"owner": owner, "limit": batch})).fetchall()
-            if not claimed:
-                return settled
-            found = await asyncio.gather(*(_lookup(http, lookup_url, c[2]) for c in claimed))
-            done = [
-                (c, f)
-                for c, f in zip(claimed, found, strict=True)
-                if f is not None and f.get("status") == "succeeded"
-            ]
-            cursor = await conn.execute(
-                SETTLE,
-                {
-                    "owner": owner,
-                    "tenants": [c[0] for c, _ in done],
-                    "ids": [c[1] for c, _ in done],
-                    "versions": [c[3] for c, _ in done],
-                    "results": [json.dumps(f.get("result")) for _, f in done],
-                    "exts": [f.get("externalRequestId") for _, f in done],
-                },
-            )
-            settled += cursor.rowcount
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(5.0)
+    ) as http:
+        counts = await asyncio.gather(
+            *(_settle_batches(conn, http, lookup_url, batch) for conn in conns)
+        )
+    return sum(counts)
