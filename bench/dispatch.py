@@ -1,13 +1,21 @@
-"""Dispatch throughput: calls per second that 1 and 2 worker processes take from
-``authorized`` to ``completed`` against the sandbox provider (zero latency), next to
-the sandbox's own request rate measured in the same run. Target: >= 0.5x.
+"""Dispatch throughput and machine CPU per call, in one run against one sandbox, one
+broker (an embedded Tansu) and one scratch database: the sandbox's own request rate,
+a minimal ideal worker (bench.ideal_worker), and tool-dispatcher with 1 and 2 worker
+processes. Targets (issue 15): 1 worker at >= 0.5x the ideal's calls/s, and at most
+2x its machine CPU per call.
 
     .venv/bin/python -m bench.dispatch [--calls 5000] [--database-url URL]
         [--set worker_concurrency=256 --set provider_max_connections=8 ...]
+        [--wait-quiet SECONDS]
 
 Creates (and drops) a scratch database on the server named by --database-url, starts
-an embedded Tansu, the sandbox and a relay as processes, pre-publishes the dispatch
-commands, then times the workers from the first claim to the last recorded outcome.
+an embedded Tansu, the sandbox and a relay as processes; each round has its own fresh
+calls, topic and consumer group, its dispatch commands published before its workers
+start. A round's calls/s is its calls over the database's span from the first claim
+to the last outcome; its CPU is what every process of the run (bench.cpu.Sampler:
+the workers, the relay, PostgreSQL, the broker, the sandbox) used from that first
+claim until the last outcome or, when later, the relay's last publish of the round's
+outbox rows, divided by its calls.
 """
 
 from __future__ import annotations
@@ -16,14 +24,32 @@ import argparse
 import asyncio
 import os
 import shutil
-import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+import psutil  # type: ignore[import-untyped]
 import psycopg
 
+from bench.cpu import (
+    Rescanned,
+    Round,
+    Sampler,
+    by_role,
+    compare_rows,
+    cpu_between,
+    postmaster_of,
+    processes,
+    role_of,
+    role_rows,
+    server_processes,
+    with_children,
+)
+from bench.harness import render_table, service_env, start_python
+from bench.intake import wait_quiet
 from bench.sandbox import measure, start_sandbox
 from dispatcher.capabilities import load_registry
 from dispatcher.db import migrate
@@ -58,63 +84,162 @@ async def prefill(url: str, caps: Path, n: int, topic: str, tag: str) -> None:
     await engine.dispose()
 
 
-def scalar(url: str, sql: str) -> object:
-    with psycopg.connect(url) as conn:
-        row = conn.execute(sql).fetchone()  # type: ignore[arg-type]
-        return row[0] if row else None
+class Poll:
+    """One autocommit connection for the benchmark's own queries: a connection per
+    poll would fork a backend each time, on the CPU being measured."""
+
+    def __init__(self, url: str) -> None:
+        self._conn = psycopg.connect(url, autocommit=True)
+        self.backend: int = self.scalar("SELECT pg_backend_pid()")
+        """Its server process: the harness's, left out of the run's CPU."""
+
+    def row(self, sql: str) -> tuple[Any, ...]:
+        row = self._conn.execute(sql).fetchone()  # type: ignore[arg-type]
+        assert row is not None, sql
+        return tuple(row)
+
+    def scalar(self, sql: str) -> Any:
+        return self.row(sql)[0]
+
+    async def wait_for(self, sql: str, want: object, within: float = 600) -> None:
+        deadline = time.monotonic() + within
+        while self.scalar(sql) != want:
+            if time.monotonic() > deadline:
+                raise TimeoutError(sql)
+            await asyncio.sleep(0.25)
+
+    def close(self) -> None:
+        self._conn.close()
 
 
-async def wait_for(url: str, sql: str, want: object, within: float = 600) -> None:
-    deadline = time.monotonic() + within
-    while scalar(url, sql) != want:
-        if time.monotonic() > deadline:
-            raise TimeoutError(sql)
-        await asyncio.sleep(0.2)
+@dataclass
+class Run:
+    """What every round shares: the database, the services' processes, the settings."""
+
+    url: str
+    database: str
+    env: dict[str, str]
+    poll: Poll
+    services: dict[str, int | None]
+    """The relay, the broker and the sandbox, by role."""
+    postmaster: int
+    wait_quiet: float = 0.0
+
+    def sampler(self, spawned: list[int]) -> Sampler:
+        """Samples every process of the run: the services, the round's processes (each
+        sample: cheap), their children and PostgreSQL's (a scan of the machine's
+        processes, once a second; see :class:`Rescanned`)."""
+        known: dict[int, psutil.Process] = {}
+        pids = lambda: [*self.services.values(), *spawned]  # noqa: E731
+        scan = Rescanned(
+            lambda: [
+                *with_children(pids()),
+                *server_processes(self.postmaster, self.database, [self.poll.backend]),
+            ],
+            seconds=1.0,
+        )
+        named = {pid: role for role, pid in self.services.items() if pid is not None}
+        return Sampler(
+            lambda: [*processes(pids(), known), *scan()],
+            role=lambda p: role_of(p, {**named, **dict.fromkeys(spawned, "worker")}),
+        )
 
 
-async def run_workers(url: str, env: dict[str, str], workers: int, n: int, tag: str) -> float:
-    """Calls per second from the first claim to the last outcome of this round."""
-    topic = f"bench-commands-{tag}"
-    caps = Path(env["TOOL_DISPATCHER_CAPABILITIES_FILE"])
-    await prefill(url, caps, n, topic, tag)
+async def run_round(run: Run, name: str, argv: list[list[str]], n: int, tag: str) -> Round:
+    """Prefill ``n`` calls whose commands go to this round's topic, start the
+    processes ``argv`` (given the topic and the group), and measure until every call
+    is completed and the round's outbox rows are published."""
+    topic, group = f"bench-commands-{tag}", f"bench-{tag}"
+    await prefill(run.url, Path(run.env["TOOL_DISPATCHER_CAPABILITIES_FILE"]), n, topic, tag)
+    unpublished = "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+    await run.poll.wait_for(unpublished, 0)
     round_env = {
-        **env,
+        **run.env,
         "TOOL_DISPATCHER_DISPATCH_TOPIC": topic,
-        "TOOL_DISPATCHER_WORKER_GROUP_ID": f"bench-{tag}",
+        "TOOL_DISPATCHER_WORKER_GROUP_ID": group,
     }
-    await wait_for(
-        url, f"SELECT count(*) FROM outbox WHERE published_at IS NULL AND topic = '{topic}'", 0
-    )
-    procs = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "dispatcher",
-            "worker",
-            env=round_env,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        for _ in range(workers)
-    ]
+    if run.wait_quiet:
+        await wait_quiet(run.wait_quiet)
+    spawned: list[int] = []
+    sampler = run.sampler(spawned).start()
+    procs = []
     try:
-        await wait_for(
-            url,
-            "SELECT count(*) FROM tool_calls WHERE status = 'completed' "
-            f"AND idempotency_key LIKE '{tag}:%'",
-            n,
-        )
+        for args in argv:
+            args = [a.format(topic=topic, group=group) for a in args]
+            proc = await start_python(args, round_env)
+            procs.append(proc)
+            spawned.append(proc.pid)
+        mine = f"idempotency_key LIKE '{tag}:%'"
+        # Only this round's calls are open; the partial indexes of both statuses make
+        # this poll cheap (a LIKE on the key would scan every round's rows each time).
+        open_calls = "SELECT count(*) FROM tool_calls WHERE status IN ('authorized', 'dispatching')"
+        await run.poll.wait_for(open_calls, 0)
+        await run.poll.wait_for(unpublished, 0)
     finally:
+        samples = sampler.stop()
         for p in procs:
             p.terminate()
         for p in procs:
             await p.wait()
-    span = scalar(
-        url,
-        "SELECT extract(epoch FROM max(updated_at) - min(dispatched_at)) "
-        f"FROM tool_calls WHERE idempotency_key LIKE '{tag}:%'",
+    first, last = map(
+        float,
+        run.poll.row(
+            "SELECT extract(epoch FROM min(dispatched_at)), extract(epoch FROM max(updated_at))"
+            f" FROM tool_calls WHERE {mine}"
+        ),
     )
-    return n / float(span)  # type: ignore[arg-type]
+    published = run.poll.scalar(
+        "SELECT extract(epoch FROM max(published_at)) FROM outbox "
+        f"WHERE created_at >= to_timestamp({first})"
+    )
+    end = max(last, float(published or last))
+    cpu, other = cpu_between(samples, first, end)
+    completed = run.poll.scalar(
+        f"SELECT count(*) FROM tool_calls WHERE status = 'completed' AND {mine}"
+    )
+    if completed != n:
+        print(f"!! {name}: only {completed} of {n} calls completed (the rest in doubt or failed)")
+    roles = by_role(samples, sampler.roles, first, end)
+    return Round(name, completed, last - first, cpu, other, roles)
+
+
+async def sandbox_round(run: Run, port: int, seconds: float) -> Round:
+    """The sandbox's own rate, driven by this process's raw HTTP/1.1 client (counted
+    with it: the client is part of that run)."""
+    me = psutil.Process()
+    sandbox = with_children([run.services["sandbox"]])
+    sampler = Sampler(
+        lambda: [me, *sandbox], role=lambda p: "client" if p.pid == me.pid else "sandbox"
+    ).start()
+    started = time.time()
+    total, elapsed, _ = await measure(
+        "127.0.0.1", port, mode="create", connections=32, seconds=seconds
+    )
+    samples = sampler.stop()
+    end = started + elapsed
+    cpu, other = cpu_between(samples, started, end)
+    roles = by_role(samples, sampler.roles, started, end)
+    return Round("sandbox alone (raw client, 32 conns)", total, elapsed, cpu, other, roles)
+
+
+def rounds_table(rounds: list[Round], ideal: Round, one_worker: str) -> str:
+    header = [
+        "round",
+        "calls",
+        "calls/s",
+        "CPU µs/call",
+        "calls/s vs ideal",
+        "CPU vs ideal",
+        "target calls/s",
+        "target CPU",
+        "rest of machine µs/call",
+    ]
+    rows = compare_rows(rounds, ideal, targeted=[one_worker], min_rate=0.5, max_cpu=2.0)
+    return render_table(rows, header, markdown=True)
+
+
+IDEAL = "ideal worker (bench.ideal_worker)"
+ONE = "tool-dispatcher, 1 worker"
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -128,36 +253,43 @@ async def main(args: argparse.Namespace) -> None:
     sandbox_url = f"http://127.0.0.1:{port}"
     caps = Path(tempfile.mkdtemp()) / "capabilities.toml"
     caps.write_text(registry_toml(refund_and_lookup(sandbox_url, timeout=5.0, attempts=3)))
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("TOOL_DISPATCHER_")},
-        "TOOL_DISPATCHER_DATABASE_URL": url,
-        "TOOL_DISPATCHER_KAFKA_BOOTSTRAP": bootstrap,
-        "TOOL_DISPATCHER_KAFKA_ENABLE_IDEMPOTENCE": "false",
-        "TOOL_DISPATCHER_CAPABILITIES_FILE": str(caps),
-    }
+    env = service_env(url, bootstrap, caps)
     for setting in args.set:
         name, _, value = setting.partition("=")
         env[f"TOOL_DISPATCHER_{name.upper()}"] = value
-    relay = await asyncio.create_subprocess_exec(
-        sys.executable,
+    relay = await start_python(["-m", "dispatcher", "relay"], env)
+    poll = Poll(url)
+    services = {"relay": relay.pid, "broker": broker.pid, "sandbox": sandbox.pid}
+    run = Run(url, scratch, env, poll, services, postmaster_of(url), args.wait_quiet)
+    ideal = [
         "-m",
-        "dispatcher",
-        "relay",
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+        "bench.ideal_worker",
+        "--database-url",
+        url,
+        "--bootstrap",
+        bootstrap,
+        "--topic",
+        "{topic}",
+        "--group",
+        "{group}",
+        "--url",
+        f"{sandbox_url}/v1/requests",
+    ]
+    worker = ["-m", "dispatcher", "worker"]
     try:
-        total, elapsed, _ = await measure(
-            "127.0.0.1", port, mode="create", connections=32, seconds=args.seconds
-        )
-        ceiling = total / elapsed
+        if args.wait_quiet:
+            await wait_quiet(args.wait_quiet)
+        ceiling = await sandbox_round(run, port, args.seconds)
         async with httpx.AsyncClient() as client:
             await client.post(f"{sandbox_url}/v1/reset")
-            rates = {w: await run_workers(url, env, w, args.calls, f"w{w}") for w in (1, 2)}
+            rounds = [
+                await run_round(run, IDEAL, [ideal], args.calls, "ideal"),
+                await run_round(run, ONE, [worker], args.calls, "w1"),
+                await run_round(run, "tool-dispatcher, 2 workers", [worker] * 2, args.calls, "w2"),
+            ]
             effects = (await client.get(f"{sandbox_url}/v1/effects")).json()
-        assert max(effects["effects"].values()) == 1, "an effect happened twice"
     finally:
+        poll.close()
         relay.terminate()
         await relay.wait()
         sandbox.terminate()
@@ -167,15 +299,19 @@ async def main(args: argparse.Namespace) -> None:
         drop_database(args.database_url, scratch)
 
     print()
-    print(f"sandbox's own request rate (32 keep-alive clients): {ceiling:,.0f} req/s")
-    print("| workers | calls | dispatched calls/s | ratio to sandbox | target 0.5x |")
-    print("|---|---|---|---|---|")
-    for workers, rate in rates.items():
-        ratio = rate / ceiling
-        print(
-            f"| {workers} | {args.calls} | {rate:,.0f} | {ratio:.2f}x | "
-            f"{'PASS' if ratio >= 0.5 else 'MISS'} |"
-        )
+    print(f"{psutil.cpu_count()} cores; load average {os.getloadavg()} at the end")
+    print(rounds_table([ceiling, *rounds], rounds[0], ONE))
+    print()
+    header, rows = role_rows([ceiling, *rounds])
+    print(render_table(rows, header, markdown=True))
+    most = max(effects["effects"].values())
+    print(
+        f"\nsandbox's maximum effects per key: {most} (must be 1), "
+        f"{effects['total']:,} effects in all"
+    )
+    if most != 1:
+        twice = [k for k, v in effects["effects"].items() if v > 1]
+        raise SystemExit(f"AN EFFECT HAPPENED TWICE: {len(twice)} keys, e.g. {twice[:5]}")
 
 
 if __name__ == "__main__":
@@ -184,6 +320,13 @@ if __name__ == "__main__":
     )
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--seconds", type=float, default=5.0, help="sandbox measurement")
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each round, wait up to this long for the rest of the machine to idle",
+    )
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument(
         "--set",

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]
 
@@ -167,3 +170,26 @@ def render_table(rows: list[list[str]], header: list[str], *, markdown: bool = F
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     fmt = "  ".join(f"{{:{'<' if i == 0 else '>'}{w}}}" for i, w in enumerate(widths))
     return "\n".join(fmt.format(*r) for r in [header, *rows])
+
+
+def service_env(database_url: str, bootstrap: str, capabilities: Path) -> dict[str, str]:
+    """The environment of the service's processes in a benchmark: this one's, less any
+    TOOL_DISPATCHER_ setting of the caller's shell, plus the run's own."""
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TOOL_DISPATCHER_")},
+        "TOOL_DISPATCHER_DATABASE_URL": database_url,
+        "TOOL_DISPATCHER_KAFKA_BOOTSTRAP": bootstrap,
+        "TOOL_DISPATCHER_KAFKA_ENABLE_IDEMPOTENCE": "false",
+        "TOOL_DISPATCHER_CAPABILITIES_FILE": str(capabilities),
+    }
+
+
+async def start_python(args: Sequence[str], env: dict[str, str]) -> asyncio.subprocess.Process:
+    """``python args...`` (e.g. ``-m dispatcher relay``) with its output discarded."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
