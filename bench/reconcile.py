@@ -56,6 +56,7 @@ from bench.sandbox import _connection, start_sandbox
 from dispatcher.db import migrate
 from dispatcher.db.engine import engine_for, session_factory
 from dispatcher.db.tables import tool_calls
+from dispatcher.provider.transport import Transport
 from dispatcher.settings import Topics
 from dispatcher.testing.databases import create_database, drop_database, unique_name
 from dispatcher.testing.embedded import Tansu, free_port
@@ -249,14 +250,11 @@ async def run(args: argparse.Namespace, url: str, database: str) -> None:
                 await conn.close()
 
         await run.prepare([f"rt:{i}" for i in range(args.calls)])
-        limits = httpx.Limits(
-            max_connections=args.concurrency, max_keepalive_connections=args.concurrency
-        )
-        async with httpx.AsyncClient(limits=limits) as http:
+        async with Transport(args.concurrency) as transport:
             reconciler = Reconciler(
                 run.sessions,
                 registry,
-                http,
+                transport,
                 topics=Topics(events="bench.events", escalations="bench.escalations"),
                 batch_size=args.batch_size,
                 concurrency=args.concurrency,
