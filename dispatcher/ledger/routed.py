@@ -1,13 +1,14 @@
-"""Moves of many calls out of one status, each to its own target, in one UPDATE.
+"""Moves of many calls out of one status, each to its own target, in one statement.
 
 :func:`move_many` sends a whole batch to one target. A worker's outcomes go to several
 (completed, accepted, failed, result_unknown), and one statement per target made a
 batch's bookkeeping a handful of round trips. Here the target travels with each call
 in the per-call JSON (:func:`dispatcher.ledger.transitions.per_call_values`), every
 column a target writes is a ``CASE`` on the call's target, and a column its target does
-not write keeps its value. The events follow from the status each row came back with,
-so the batch costs one UPDATE and one INSERT (its events and outbox rows) whatever the
-mix of targets.
+not write keeps its value. The events (and their outbox rows) are built beforehand,
+one for each status a call may end in, and travel in the same statement, which
+inserts only those of the status the UPDATE gave each row it moved: the batch is one
+round trip, whatever the mix of targets.
 """
 
 from __future__ import annotations
@@ -16,20 +17,38 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ColumnElement, Text, and_, case, column, func, literal_column, update
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    Select,
+    Table,
+    Text,
+    and_,
+    bindparam,
+    case,
+    column,
+    func,
+    insert,
+    literal_column,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql.dml import ReturningUpdate
+from sqlalchemy.sql.selectable import CTE, TableValuedAlias
 
-from dispatcher.db.tables import tool_calls
-from dispatcher.ledger.events import CallContext, EventType, event_row
+from dispatcher.db.tables import execution_events, outbox, tool_calls
+from dispatcher.ledger.events import CallContext, EventType, event_message, event_row
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import (
-    MOVED_COLUMNS,
+    EVENT_COLUMNS,
+    MESSAGE_COLUMNS,
     BulkMove,
     Moved,
     fenced_by,
     keys_of,
     per_call_values,
-    record_all,
 )
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus, check_transition
@@ -59,10 +78,17 @@ class Divert:
 
 @dataclass(frozen=True, slots=True)
 class RoutedMove:
-    """A :class:`BulkMove` and its target."""
+    """A :class:`BulkMove`, its target, and the context of its event (known before the
+    move: a worker's claim returned it)."""
 
     move: BulkMove
     target: ExecutionStatus
+    context: CallContext
+
+
+RETURNED = [tool_calls.c[name] for name in ("tenant", "tool_call_id", "status", "version")]
+"""What :func:`move_each` reads back of a moved call: nothing its caller already has
+but the status the UPDATE chose and the version it left."""
 
 
 def _check(
@@ -105,18 +131,42 @@ async def move_each(
     topics: Topics = DEFAULT_TOPICS,
 ) -> list[Moved]:
     """Move each call of ``moves`` that is still ``expected`` (held by ``lease_owner``
-    unless None, at its move's version unless None) to its own target, in two
-    statements: one UPDATE, one INSERT of the events and their outbox rows.
+    unless None, at its move's version unless None) to its own target, and record its
+    event and outbox row, in ONE statement.
 
     ``fields`` are set whatever the target. As with :func:`move_many`, a call whose
-    fence no longer holds is skipped (missing from the result); each moved call comes
-    back with its event, named by the status it was moved to.
+    fence no longer holds is skipped (missing from the result, and no event of it
+    written); each moved call comes back (its key, status and version) with its event.
     """
     if not moves:
         return []
     _check(moves, expected, routes, divert)
     # Sorted, so concurrent batches lock shared rows in one order and cannot deadlock.
     ordered = sorted(moves, key=lambda r: r.move.key)
+    moved = _update(ordered, expected, routes, lease_owner, fields or {}, divert).cte("moved")
+    # The event of each status a call may end in, written before the move is known:
+    # the statement keeps the one of the status the UPDATE gave the row, and none of a
+    # call it skipped.
+    candidates = [
+        event
+        for routed in ordered
+        for event in _candidates(routed, expected, routes, divert, producer)
+    ]
+    rows = (await session.execute(_recorded(moved, candidates, topics))).all()
+    chosen = {(e["tenant"], e["tool_call_id"], e["payload"]["to"]): e for e in candidates}
+    return [Moved(row, chosen[(row.tenant, row.tool_call_id, row.status)]) for row in rows]
+
+
+def _update(
+    ordered: Sequence[RoutedMove],
+    expected: ExecutionStatus,
+    routes: Mapping[ExecutionStatus, Route],
+    lease_owner: str | None,
+    fields: Mapping[str, Any],
+    divert: Divert | None,
+) -> ReturningUpdate[Any]:
+    """The fenced UPDATE of the calls, returning each moved call's key, status and
+    version."""
     names = sorted({name for route in routes.values() for name in route.values})
     v = per_call_values(
         [
@@ -139,28 +189,101 @@ async def move_each(
         status=status,
         version=tool_calls.c.version + 1,
         updated_at=func.now(),
-        **dict(fields or {}),
+        **dict(fields),
         **_written(routes, v.c, status),
     )
     if lease_owner is not None:
         stmt = stmt.where(tool_calls.c.lease_owner == lease_owner)
-    moved = list((await session.execute(stmt.returning(*MOVED_COLUMNS))).all())
-    by_key = {r.move.key: r.move for r in moves}
-    events = [
+    return stmt.returning(*RETURNED)
+
+
+def _candidates(
+    routed: RoutedMove,
+    expected: ExecutionStatus,
+    routes: Mapping[ExecutionStatus, Route],
+    divert: Divert | None,
+    producer: Producer,
+) -> list[dict[str, Any]]:
+    """The event of the call's own target, and of the divert's when it may apply."""
+    targets = [routed.target]
+    if divert is not None and routed.target is divert.source:
+        targets.append(divert.target)
+    return [
         event_row(
-            routes[ExecutionStatus(row.status)].event_type,
-            CallContext.of(row._mapping),
+            routes[target].event_type,
+            routed.context,
             producer=producer,
-            payload={
-                "from": [expected.value],
-                "to": row.status,
-                **dict(by_key[(row.tenant, row.tool_call_id)].payload),
-            },
+            payload={"from": [expected.value], "to": target.value, **routed.move.payload},
         )
-        for row in moved
+        for target in targets
     ]
-    await record_all(session, events, topics)
-    return [Moved(row, event) for row, event in zip(moved, events, strict=True)]
+
+
+def _recorded(moved: CTE, candidates: Sequence[Mapping[str, Any]], topics: Topics) -> Select[Any]:
+    """The moved calls, with the events of the status each was moved to and their
+    outbox rows inserted, as one statement: PostgreSQL runs every data-modifying CTE
+    to completion whether or not the main SELECT reads it."""
+    events = [
+        {
+            **e,
+            "occurred_at": e["occurred_at"].isoformat(),
+            "to_status": e["payload"]["to"],
+            "ord": i,
+        }
+        for i, e in enumerate(candidates)
+    ]
+    e = _recordset("events", events, execution_events, EVENT_COLUMNS, "to_status")
+    inserted = (
+        insert(execution_events)
+        .from_select(
+            EVENT_COLUMNS,
+            select(*(e.c[name] for name in EVENT_COLUMNS))
+            .join_from(
+                e,
+                moved,
+                and_(
+                    moved.c.tenant == e.c.tenant,
+                    moved.c.tool_call_id == e.c.tool_call_id,
+                    moved.c.status == e.c.to_status,
+                ),
+            )
+            .order_by(e.c.ord),
+        )
+        .returning(execution_events.c.event_id)
+        .cte("recorded")
+    )
+    messages = [
+        {**event_message(c, topics), "event_id": c["event_id"], "ord": i}
+        for i, c in enumerate(candidates)
+    ]
+    m = _recordset("messages", messages, outbox, MESSAGE_COLUMNS, "event_id")
+    published = (
+        insert(outbox)
+        .from_select(
+            MESSAGE_COLUMNS,
+            select(*(m.c[name] for name in MESSAGE_COLUMNS))
+            .join_from(m, inserted, inserted.c.event_id == m.c.event_id)
+            .order_by(m.c.ord),
+        )
+        .cte("published")
+    )
+    return select(moved).add_cte(published)
+
+
+def _recordset(
+    name: str, rows: list[dict[str, Any]], table: Table, columns: Sequence[str], key: str
+) -> TableValuedAlias:
+    """``rows`` as one JSON parameter, typed as ``table``'s ``columns``, plus the text
+    ``key`` they are joined by and their position ``ord``."""
+    return (
+        func.jsonb_to_recordset(bindparam(name, rows, type_=JSONB))
+        .table_valued(
+            *(column(c, table.c[c].type) for c in columns),
+            *([] if key in columns else [column(key, Text)]),
+            column("ord", Integer),
+        )
+        .render_derived(name=name, with_types=True)
+    )
 
 
 def _status(target: ColumnElement[Any], divert: Divert | None) -> ColumnElement[Any]:

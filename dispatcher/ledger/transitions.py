@@ -148,21 +148,21 @@ def _rows_of(param: str, table: Table, names: Sequence[str]) -> str:
     )
 
 
-_EVENT_COLUMNS = [c.name for c in execution_events.c if c.name != "seq"]
-_MESSAGE_COLUMNS = ["topic", "key", "payload", "headers"]
-_EVENTS_SQL = f"INSERT INTO execution_events ({', '.join(_EVENT_COLUMNS)}) " + _rows_of(
-    "events", execution_events, _EVENT_COLUMNS
+EVENT_COLUMNS = [c.name for c in execution_events.c if c.name != "seq"]
+MESSAGE_COLUMNS = ["topic", "key", "payload", "headers"]
+_EVENTS_SQL = f"INSERT INTO execution_events ({', '.join(EVENT_COLUMNS)}) " + _rows_of(
+    "events", execution_events, EVENT_COLUMNS
 )
 # A batch's events and their outbox rows in one constant statement: one execution (and
 # one firing of the outbox's statement trigger) for the batch, where an executemany is
 # one per row. Only this module's column lists go into the text.
 _INSERT_EVENTS_AND_MESSAGES = text(
-    f"WITH events AS ({_EVENTS_SQL}) INSERT INTO outbox ({', '.join(_MESSAGE_COLUMNS)}) "
-    + _rows_of("messages", outbox, _MESSAGE_COLUMNS)
+    f"WITH events AS ({_EVENTS_SQL}) INSERT INTO outbox ({', '.join(MESSAGE_COLUMNS)}) "
+    + _rows_of("messages", outbox, MESSAGE_COLUMNS)
 ).bindparams(bindparam("events", type_=JSONB), bindparam("messages", type_=JSONB))
 
 
-async def record_all(
+async def _record_all(
     session: AsyncSession, events: Sequence[Mapping[str, Any]], topics: Topics
 ) -> None:
     """:func:`dispatcher.ledger.events.record_events` for a batch, in one statement."""
@@ -332,5 +332,5 @@ async def move_many(
         )
         for row in moved
     ]
-    await record_all(session, events, topics)
+    await _record_all(session, events, topics)
     return [Moved(row, event) for row, event in zip(moved, events, strict=True)]

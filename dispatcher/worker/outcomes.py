@@ -1,8 +1,8 @@
 """Point B: recording what the provider answered, for many calls in one transaction.
 
 Each outcome is routed to its status (completed, accepted, failed, result_unknown), and
-the whole batch is one fenced :func:`move_each`: one UPDATE and one INSERT of its
-events and outbox rows, whatever the mix, with one event per call. Only a reconciler's
+the whole batch is one fenced :func:`move_each`: ONE statement (the UPDATE, its events
+and their outbox rows), whatever the mix, with one event per call. Only a reconciler's
 re-send that got a final answer takes a second step (``accepted -> confirmed``: there
 is no ``dispatching -> confirmed``), two statements more for the batch. Each call is
 fenced by this worker's lease and the version its claim took: a call whose fence fails
@@ -173,8 +173,8 @@ class OutcomeRecorder:
     async def record(self, session: AsyncSession, sent: Sequence[Sent]) -> dict[tuple[str, str], S]:
         """The status recorded per call; a call missing from the result was taken over.
 
-        One fenced UPDATE and one INSERT (events and outbox rows) for the whole batch,
-        whatever its outcomes; a re-send's settlement adds its second step."""
+        One statement (the fenced UPDATE, its events and outbox rows) for the whole
+        batch, whatever its outcomes; a re-send's settlement adds its second step."""
         if not sent:
             return {}
         classes = {s.claim.key: _class_of(s) for s in sent}
@@ -215,6 +215,7 @@ class OutcomeRecorder:
                 tenant=claim.tenant,
             ),
             target,
+            claim.context,
         )
 
     async def _finish(

@@ -1,6 +1,7 @@
 """What point B costs and writes: a batch of outcomes, whatever their mix, is one
-UPDATE and one INSERT, with one event and one outbox row per recorded call (real
-PostgreSQL; the statements counted as psycopg executes them)."""
+statement (the fenced UPDATE, its events and their outbox rows), with one event and
+one outbox row per recorded call and none for a call taken over (real PostgreSQL; the
+statements counted as psycopg executes them)."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ async def rows_of(sessions: Sessions, calls: list[str]) -> tuple[int, int]:
     return events or 0, messages or 0
 
 
-async def test_a_mixed_batch_is_recorded_in_two_statements_one_event_per_call(
+async def test_a_mixed_batch_is_recorded_in_one_statement_one_event_per_call(
     engine: AsyncEngine, sessions: Sessions, registry: CapabilityRegistry, http: httpx.AsyncClient
 ) -> None:
     calls = [
@@ -107,9 +108,10 @@ async def test_a_mixed_batch_is_recorded_in_two_statements_one_event_per_call(
     with statements(engine) as sent:
         recorded = await worker.record_many([Sent(claims[c], answers[c]) for c in calls])
 
-    assert len(sent) == 2, sent
-    assert sent[0].lstrip().startswith("WITH") and "UPDATE tool_calls" in sent[0]
-    assert "INSERT INTO outbox" in sent[1]
+    # One round trip: the fenced UPDATE, its events and their outbox rows.
+    (statement,) = sent
+    assert "UPDATE tool_calls" in statement
+    assert "INSERT INTO execution_events" in statement and "INSERT INTO outbox" in statement
     assert recorded == {
         ("acme", done): S.COMPLETED,
         ("acme", pending): S.ACCEPTED,
