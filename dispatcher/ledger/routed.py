@@ -87,8 +87,8 @@ class RoutedMove:
 
 
 RETURNED = [tool_calls.c[name] for name in ("tenant", "tool_call_id", "status", "version")]
-"""What :func:`move_each` reads back of a moved call: nothing its caller already has
-but the status the UPDATE chose and the version it left."""
+"""What :func:`move_each` reads back of a moved call: its key, the status the UPDATE
+chose and the version it left; its caller has the rest."""
 
 
 def _check(
