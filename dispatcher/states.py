@@ -1,10 +1,10 @@
 """Every status enum, and one table of allowed transitions per lifecycle.
 
-Pure data: :mod:`dispatcher.ledger.transitions` is the only code that moves a call, and it
-asks :func:`check_transition` first; :mod:`dispatcher.control.statuses` moves approvals
-and escalations by :data:`APPROVAL_TRANSITIONS` and :data:`ESCALATION_TRANSITIONS`. The
-CHECK constraints of the status columns are built from these enums
-(:mod:`dispatcher.db.tables`).
+Pure data: :mod:`dispatcher.ledger.transitions` (with :mod:`dispatcher.ledger.routed`) is
+the only code that moves a call, and it asks :func:`check_transition` first;
+:mod:`dispatcher.control.statuses` moves approvals and escalations by
+:data:`APPROVAL_TRANSITIONS` and :data:`ESCALATION_TRANSITIONS`. The CHECK constraints of
+the status columns are built from these enums (:mod:`dispatcher.db.tables`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The only code that changes a tool call's execution status.
+"""The only code that changes a tool call's execution status (with
+:mod:`dispatcher.ledger.routed`, which moves a batch to several targets at once on the
+helpers here).
 
 Every move is checked against :data:`dispatcher.states.TRANSITIONS`, applied with a
 conditional UPDATE (``WHERE status IN (:expected)`` plus an optional :class:`Fence`),
@@ -34,6 +36,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.dml import Update
+from sqlalchemy.sql.selectable import CTE
 
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.errors import TransitionConflict
@@ -145,17 +148,17 @@ def _rows_of(param: str, table: Table, names: Sequence[str]) -> str:
     )
 
 
-_EVENT_COLUMNS = [c.name for c in execution_events.c if c.name != "seq"]
-_MESSAGE_COLUMNS = ["topic", "key", "payload", "headers"]
-_EVENTS_SQL = f"INSERT INTO execution_events ({', '.join(_EVENT_COLUMNS)}) " + _rows_of(
-    "events", execution_events, _EVENT_COLUMNS
+EVENT_COLUMNS = [c.name for c in execution_events.c if c.name != "seq"]
+MESSAGE_COLUMNS = ["topic", "key", "payload", "headers"]
+_EVENTS_SQL = f"INSERT INTO execution_events ({', '.join(EVENT_COLUMNS)}) " + _rows_of(
+    "events", execution_events, EVENT_COLUMNS
 )
 # A batch's events and their outbox rows in one constant statement: one execution (and
 # one firing of the outbox's statement trigger) for the batch, where an executemany is
 # one per row. Only this module's column lists go into the text.
 _INSERT_EVENTS_AND_MESSAGES = text(
-    f"WITH events AS ({_EVENTS_SQL}) INSERT INTO outbox ({', '.join(_MESSAGE_COLUMNS)}) "
-    + _rows_of("messages", outbox, _MESSAGE_COLUMNS)
+    f"WITH events AS ({_EVENTS_SQL}) INSERT INTO outbox ({', '.join(MESSAGE_COLUMNS)}) "
+    + _rows_of("messages", outbox, MESSAGE_COLUMNS)
 ).bindparams(bindparam("events", type_=JSONB), bindparam("messages", type_=JSONB))
 
 
@@ -171,8 +174,9 @@ async def _record_all(
     await session.execute(_INSERT_EVENTS_AND_MESSAGES, {"events": rows, "messages": messages})
 
 
-def _per_call(stmt: Update, moves: Sequence[BulkMove]) -> Update:
-    """``stmt`` joined to each move's own version fence and column values.
+def per_call_values(moves: Sequence[BulkMove], names: Sequence[str], *extra: Any) -> CTE:
+    """Each move's key, version fence and ``names`` values (columns of ``tool_calls``,
+    NULL where a move has none), plus the ``extra`` columns, as the CTE ``v``.
 
     They travel as ONE JSON parameter, so the statement's text does not change with
     the batch size: SQLAlchemy compiles it once per shape and psycopg prepares it once
@@ -180,7 +184,6 @@ def _per_call(stmt: Update, moves: Sequence[BulkMove]) -> Update:
     planner loop over the rows, it rescans a tuplestore rather than parse the JSON
     again for each of them.
     """
-    names = sorted(moves[0].values)
     rows = [
         {"tenant": m.tenant, "tool_call_id": m.tool_call_id, "fence_version": m.version, **m.values}
         for m in moves
@@ -192,15 +195,44 @@ def _per_call(stmt: Update, moves: Sequence[BulkMove]) -> Update:
             column("tool_call_id", Text),
             column("fence_version", Integer),
             *(column(name, tool_calls.c[name].type) for name in names),
+            *extra,
         )
         .render_derived(name="spec", with_types=True)
     )
-    v = select(spec).cte("v").prefix_with("MATERIALIZED")
+    return select(spec).cte("v").prefix_with("MATERIALIZED")
+
+
+def fenced_by(stmt: Update, v: CTE) -> Update:
+    """``stmt`` limited to the calls of ``v`` (:func:`per_call_values`), each at its own
+    version unless that is NULL."""
     return stmt.where(
         tool_calls.c.tenant == v.c.tenant,
         tool_calls.c.tool_call_id == v.c.tool_call_id,
         or_(v.c.fence_version.is_(None), tool_calls.c.version == v.c.fence_version),
-    ).values({name: v.c[name] for name in names})
+    )
+
+
+def _per_call(stmt: Update, moves: Sequence[BulkMove]) -> Update:
+    """``stmt`` joined to each move's own version fence and column values (every move
+    carries the same keys)."""
+    names = sorted(moves[0].values)
+    v = per_call_values(moves, names)
+    return fenced_by(stmt, v).values({name: v.c[name] for name in names})
+
+
+def keys_of(moves: Sequence[BulkMove]) -> ColumnElement[bool]:
+    """The moves' calls as arrays of keys: the planner reaches the rows through the
+    primary key (it cannot see into the JSON of per-call values)."""
+    return tuple_(tool_calls.c.tenant, tool_calls.c.tool_call_id).in_(
+        select(
+            func.unnest(
+                bindparam("tenants", [m.tenant for m in moves], type_=ARRAY(Text)),
+                bindparam("ids", [m.tool_call_id for m in moves], type_=ARRAY(Text)),
+            )
+            .table_valued("tenant", "tool_call_id")
+            .render_derived()
+        )
+    )
 
 
 MOVED_COLUMNS = [
@@ -268,18 +300,7 @@ async def move_many(
     stmt = (
         update(tool_calls)
         .where(
-            # The keys as arrays: the planner reaches the rows through the primary key
-            # (it cannot see into the JSON of per-call values below).
-            tuple_(tool_calls.c.tenant, tool_calls.c.tool_call_id).in_(
-                select(
-                    func.unnest(
-                        bindparam("tenants", [m.tenant for m in ordered], type_=ARRAY(Text)),
-                        bindparam("ids", [m.tool_call_id for m in ordered], type_=ARRAY(Text)),
-                    )
-                    .table_valued("tenant", "tool_call_id")
-                    .render_derived()
-                )
-            ),
+            keys_of(ordered),
             tool_calls.c.status.in_([s.value for s in sources]),
             *where,
         )

@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.capabilities import Capability
 from dispatcher.db.tables import tool_calls
-from dispatcher.ledger.events import EventType
+from dispatcher.ledger.events import CallContext, EventType
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import BulkMove, move_many
 from dispatcher.settings import Topics
@@ -53,6 +53,9 @@ class Claim:
     external_request_id: str | None = None
     # A toolCallId is unique only within its tenant: (tenant, tool_call_id) is the call.
     tenant: str = field(kw_only=True)
+    # Its events' ids (run, turn, ...), as the claim's UPDATE returned them: the outcome's
+    # event is built before the outcome's statement, so nothing is read back for it.
+    context: CallContext = field(kw_only=True)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -154,6 +157,7 @@ async def claim_calls(
             settles,
             row.external_request_id,
             tenant=row.tenant,
+            context=CallContext.of(row._mapping),
         )
         for row in rows
     ]

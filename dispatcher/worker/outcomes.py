@@ -1,26 +1,29 @@
 """Point B: recording what the provider answered, for many calls in one transaction.
 
-Outcomes are grouped by how they are recorded (completed, accepted, failed, unknown,
-settled by a re-send); each group is one fenced :func:`move_many` (two for the
-classes that pass through ``accepted``), so a batch costs a handful of statements
-whatever its size. Each call is fenced by this worker's lease and the version its
-claim took: a call whose fence fails was taken over (its lease lapsed and the recovery
-sweep or another worker moved it), and what this worker saw of it is not recorded.
+Each outcome is routed to its status (completed, accepted, failed, result_unknown), and
+the whole batch is one fenced :func:`move_each`: ONE statement (the UPDATE, its events
+and their outbox rows), whatever the mix, with one event per call. Only a reconciler's
+re-send that got a final answer takes a second step (``accepted -> confirmed``: there
+is no ``dispatching -> confirmed``), two statements more for the batch. Each call is
+fenced by this worker's lease and the version its claim took: a call whose fence fails
+was taken over (its lease lapsed and the recovery sweep or another worker moved it),
+and what this worker saw of it is not recorded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
 
-from sqlalchemy import func, select, tuple_
+from sqlalchemy import func
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import tool_calls
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.messages import Producer
+from dispatcher.ledger.routed import Divert, Route, RoutedMove, move_each
 from dispatcher.ledger.transitions import BulkMove, Moved, move_many
 from dispatcher.provider.client import OutcomeKind, ProviderOutcome
 from dispatcher.settings import Topics
@@ -86,6 +89,79 @@ def _verified_failure(outcome: ProviderOutcome) -> VerificationStatus:
     )
 
 
+def _target_of(cls: _Class) -> S:
+    # A re-send's final answer passes through `accepted` (dispatching -> confirmed is
+    # not a transition): the settling step follows in the same transaction.
+    return {
+        _Class.COMPLETED: S.COMPLETED,
+        _Class.ACCEPTED: S.ACCEPTED,
+        _Class.FAILED: S.FAILED,
+        _Class.UNKNOWN: S.RESULT_UNKNOWN,
+        _Class.SETTLED: S.ACCEPTED,
+    }[cls]
+
+
+def _values(sent: Sent, target: S) -> dict[str, Any]:
+    """The columns of one call that its outcome gives (the rest are its route's)."""
+    # Kept when the answer names none.
+    values: dict[str, Any] = {
+        "external_request_id": sent.outcome.external_request_id or sent.claim.external_request_id
+    }
+    if target is S.COMPLETED:
+        values["result"] = sent.outcome.result
+        values["verification_status"] = VerificationStatus.CONFIRMED_SUCCESS.value
+    elif target is S.FAILED:
+        values["result"] = sent.outcome.result
+        values["last_error"] = sent.outcome.error
+        values["verification_status"] = _verified_failure(sent.outcome).value
+    elif target is S.RESULT_UNKNOWN:
+        values["last_error"] = sent.outcome.error
+    return values
+
+
+def _routes(items: Iterable[Sent]) -> dict[S, Route]:
+    """What each target writes besides a call's own values. Every route is always
+    given, so the statement's text is one whatever the batch holds."""
+    now = func.now()
+    follow_up = {
+        **_follow_up(items),
+        "verification_status": VerificationStatus.PENDING.value,
+    }
+    return {
+        # Still stamped `accepted_at`, as when a success passed through `accepted`.
+        S.COMPLETED: Route(
+            EventType.TOOL_CALL_COMPLETED,
+            ("external_request_id", "result", "verification_status"),
+            {"accepted_at": now, "completed_at": now},
+        ),
+        # A re-send's answer too: its settling step overwrites the follow-up.
+        S.ACCEPTED: Route(
+            EventType.TOOL_CALL_ACCEPTED,
+            ("external_request_id",),
+            {**follow_up, "accepted_at": now},
+        ),
+        S.FAILED: Route(
+            EventType.TOOL_CALL_FAILED,
+            ("external_request_id", "last_error", "result", "verification_status"),
+            {"completed_at": now},
+        ),
+        S.RESULT_UNKNOWN: Route(
+            EventType.TOOL_CALL_RESULT_UNKNOWN, ("external_request_id", "last_error"), follow_up
+        ),
+    }
+
+
+# A call whose run was stopped while it was in flight must not end as `completed`: it
+# stops at `accepted` for the reconciler, which sees the success and the compensation
+# request and undoes the effect. Decided inside the fenced UPDATE, on the row it locks,
+# so no SELECT ... FOR UPDATE is needed first: a stop that marked the call before
+# holds the row lock until it commits, and the UPDATE waits for it and re-evaluates
+# the row as committed (READ COMMITTED re-checks an updated row), mark included; a stop
+# that comes later waits for this transaction and sees this outcome. No read-then-write
+# gap is left for a stop to fall into.
+_STOPPED_RUN = Divert(S.COMPLETED, S.ACCEPTED, tool_calls.c.compensation_requested_at.is_not(None))
+
+
 @dataclass(frozen=True, slots=True)
 class OutcomeRecorder:
     """Records outcomes for one lease owner, in the caller's transaction."""
@@ -95,115 +171,57 @@ class OutcomeRecorder:
     topics: Topics
 
     async def record(self, session: AsyncSession, sent: Sequence[Sent]) -> dict[tuple[str, str], S]:
-        """The status recorded per call; a call missing from the result was taken over."""
-        groups: dict[_Class, list[Sent]] = {}
-        for item in sent:
-            groups.setdefault(_class_of(item), []).append(item)
-        if _Class.COMPLETED in groups:
-            # A call whose run was stopped while it was in flight must not end as
-            # `completed`: it stops at `accepted` for the reconciler, which sees the
-            # success and the compensation request and undoes the effect. Locked here so
-            # a concurrent stop sees either this outcome or marks the call first.
-            undo = {
-                (r.tenant, r.tool_call_id)
-                for r in (
-                    await session.execute(
-                        select(tool_calls.c.tenant, tool_calls.c.tool_call_id)
-                        .where(
-                            tuple_(tool_calls.c.tenant, tool_calls.c.tool_call_id).in_(
-                                [i.claim.key for i in groups[_Class.COMPLETED]]
-                            ),
-                            tool_calls.c.compensation_requested_at.is_not(None),
-                        )
-                        .with_for_update()
-                    )
-                ).all()
-            }
-            if undo:
-                groups.setdefault(_Class.ACCEPTED, []).extend(
-                    i for i in groups[_Class.COMPLETED] if i.claim.key in undo
-                )
-                groups[_Class.COMPLETED] = [
-                    i for i in groups[_Class.COMPLETED] if i.claim.key not in undo
-                ]
-        recorded: dict[tuple[str, str], S] = {}
-        for cls in _Class:  # a fixed order of statements, whatever the batch holds
-            if not groups.get(cls):
-                continue
-            status, moved = await self._write(session, cls, groups[cls])
-            recorded.update(((m.row.tenant, m.row.tool_call_id), status) for m in moved)
+        """The status recorded per call; a call missing from the result was taken over.
+
+        One statement (the fenced UPDATE, its events and outbox rows) for the whole
+        batch, whatever its outcomes; a re-send's settlement adds its second step."""
+        if not sent:
+            return {}
+        classes = {s.claim.key: _class_of(s) for s in sent}
+        moved = await move_each(
+            session,
+            [self._move(s, _target_of(classes[s.claim.key])) for s in sent],
+            expected=S.DISPATCHING,
+            routes=_routes(sent),
+            producer=self.producer,
+            lease_owner=self.owner,
+            fields=_RELEASED,
+            divert=_STOPPED_RUN,
+            topics=self.topics,
+        )
+        recorded = {(m.row.tenant, m.row.tool_call_id): S(m.row.status) for m in moved}
+        settling = [
+            m for m in moved if classes[(m.row.tenant, m.row.tool_call_id)] is _Class.SETTLED
+        ]
+        if settling:
+            by_key = {s.claim.key: s for s in sent}
+            recorded.update(
+                ((m.row.tenant, m.row.tool_call_id), S.CONFIRMED)
+                for m in await self._finish(session, settling, by_key)
+            )
         return recorded
 
-    async def _write(
-        self, session: AsyncSession, cls: _Class, items: list[Sent]
-    ) -> tuple[S, list[Moved]]:
-        now = func.now()
-        if cls is _Class.FAILED:
-            return S.FAILED, await self._leave_dispatching(
-                session,
-                items,
-                S.FAILED,
-                EventType.TOOL_CALL_FAILED,
-                lambda s: {
-                    "last_error": s.outcome.error,
-                    "result": s.outcome.result,
-                    "verification_status": _verified_failure(s.outcome).value,
-                },
-                {"completed_at": now},
-            )
-        if cls is _Class.UNKNOWN:
-            return S.RESULT_UNKNOWN, await self._leave_dispatching(
-                session,
-                items,
-                S.RESULT_UNKNOWN,
-                EventType.TOOL_CALL_RESULT_UNKNOWN,
-                lambda s: {"last_error": s.outcome.error},
-                {**_follow_up(items), "verification_status": VerificationStatus.PENDING.value},
-            )
-        if cls is _Class.ACCEPTED:
-            return S.ACCEPTED, await self._leave_dispatching(
-                session,
-                items,
-                S.ACCEPTED,
-                EventType.TOOL_CALL_ACCEPTED,
-                lambda s: {},
-                {
-                    **_follow_up(items),
-                    "accepted_at": now,
-                    "verification_status": VerificationStatus.PENDING.value,
-                },
-            )
-        accepted = await self._leave_dispatching(
-            session,
-            items,
-            S.ACCEPTED,
-            EventType.TOOL_CALL_ACCEPTED,
-            lambda s: {},
-            {"accepted_at": now},
+    def _move(self, sent: Sent, target: S) -> RoutedMove:
+        """``dispatching -> target``, fenced by this owner's lease and the claim's
+        version; the event names the claim this outcome ends, as its dispatching event
+        named it."""
+        claim = sent.claim
+        return RoutedMove(
+            BulkMove(
+                claim.tool_call_id,
+                claim.version,
+                _values(sent, target),
+                {**_evidence(sent.outcome), "worker": self.owner, "claimVersion": claim.version},
+                tenant=claim.tenant,
+            ),
+            target,
+            claim.context,
         )
-        return await self._finish(session, cls, items, accepted)
 
     async def _finish(
-        self, session: AsyncSession, cls: _Class, items: list[Sent], accepted: list[Moved]
-    ) -> tuple[S, list[Moved]]:
-        """The second step of a final answer: ``accepted`` -> completed or confirmed."""
-        now = func.now()
-        by_key = {s.claim.key: s for s in items}
-        if cls is _Class.COMPLETED:
-            final, event = S.COMPLETED, EventType.TOOL_CALL_COMPLETED
-            fields: dict[str, Any] = {
-                "completed_at": now,
-                "verification_status": VerificationStatus.CONFIRMED_SUCCESS.value,
-            }
-            values: Callable[[Sent], dict[str, Any]] = _completion
-        else:
-            final, event = S.CONFIRMED, EventType.TOOL_CALL_CONFIRMED
-            fields = {
-                "completed_at": now,
-                "reconciliation_status": ReconciliationStatus.SETTLED.value,
-                "next_reconcile_at": None,
-            }
-            values = _settlement
+        self, session: AsyncSession, accepted: list[Moved], by_key: Mapping[tuple[str, str], Sent]
+    ) -> list[Moved]:
+        """A re-send's second step: ``accepted -> confirmed``."""
         # Same transaction, rows already locked by the first step: the version that step
         # gave each row fences the second (the lease is released by then).
         done = await move_many(
@@ -212,65 +230,27 @@ class OutcomeRecorder:
                 BulkMove(
                     m.row.tool_call_id,
                     m.row.version,
-                    values(by_key[(m.row.tenant, m.row.tool_call_id)]),
+                    _settlement(by_key[(m.row.tenant, m.row.tool_call_id)]),
                     _evidence(by_key[(m.row.tenant, m.row.tool_call_id)].outcome),
                     tenant=m.row.tenant,
                 )
                 for m in accepted
             ],
             expected=S.ACCEPTED,
-            target=final,
-            event_type=event,
+            target=S.CONFIRMED,
+            event_type=EventType.TOOL_CALL_CONFIRMED,
             producer=self.producer,
             topics=self.topics,
             lease_owner=None,
-            fields=fields,
+            fields={
+                "completed_at": func.now(),
+                "reconciliation_status": ReconciliationStatus.SETTLED.value,
+                "next_reconcile_at": None,
+            },
         )
         if len(done) != len(accepted):
             raise RuntimeError("a call locked by this transaction moved under it")
-        return final, done
-
-    async def _leave_dispatching(
-        self,
-        session: AsyncSession,
-        items: Sequence[Sent],
-        target: S,
-        event: EventType,
-        values: Callable[[Sent], Mapping[str, Any]],
-        fields: Mapping[str, Any],
-    ) -> list[Moved]:
-        """``dispatching -> target``, each call fenced by this owner's lease and its
-        claim's version; the lease is released."""
-        return await move_many(
-            session,
-            [
-                BulkMove(
-                    s.claim.tool_call_id,
-                    s.claim.version,
-                    {
-                        # Kept when the answer names none.
-                        "external_request_id": s.outcome.external_request_id
-                        or s.claim.external_request_id,
-                        **values(s),
-                    },
-                    # The claim this outcome ends, as its dispatching event named it.
-                    {**_evidence(s.outcome), "worker": self.owner, "claimVersion": s.claim.version},
-                    tenant=s.claim.tenant,
-                )
-                for s in items
-            ],
-            expected=S.DISPATCHING,
-            target=target,
-            event_type=event,
-            producer=self.producer,
-            topics=self.topics,
-            lease_owner=self.owner,
-            fields={**_RELEASED, **fields},
-        )
-
-
-def _completion(sent: Sent) -> dict[str, Any]:
-    return {"result": sent.outcome.result}
+        return done
 
 
 def _settlement(sent: Sent) -> dict[str, Any]:

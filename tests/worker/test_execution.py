@@ -55,7 +55,7 @@ def make_executor(
     return make
 
 
-async def test_final_success_is_accepted_then_completed(
+async def test_final_success_is_completed_straight_from_dispatching(
     sessions: async_sessionmaker[AsyncSession],
     registry: CapabilityRegistry,
     sandbox: SandboxServer,
@@ -77,13 +77,27 @@ async def test_final_success_is_accepted_then_completed(
         "tool.call.requested",
         "tool.call.authorized",
         "tool.call.dispatching",
-        "tool.call.accepted",
         "tool.call.completed",
     ]
+    # One event ends the claim, naming it as its dispatching event did.
+    claimed, completed = (await event_payloads(sessions, call))[-2:]
+    assert completed["from"] == ["dispatching"] and completed["to"] == "completed"
+    assert (completed["worker"], completed["claimVersion"]) == (
+        claimed["worker"],
+        claimed["claimVersion"],
+    )
+    assert (completed["httpStatus"], completed["externalRequestId"]) == (
+        200,
+        row["external_request_id"],
+    )
     published = [
         r["headers"]["ce_type"] for r in await outbox_rows(sessions, DEFAULT_TOPICS.events)
     ]
-    assert published[-3:] == ["tool.call.dispatching", "tool.call.accepted", "tool.call.completed"]
+    assert published[-3:] == [
+        "tool.call.authorized",
+        "tool.call.dispatching",
+        "tool.call.completed",
+    ]
     assert (await books(sandbox.url))["effects"] == {"refund:o-1": 1}
 
 

@@ -86,7 +86,6 @@ async def test_only_the_authorized_calls_of_a_batch_are_claimed_once(
     for call in (fresh_a, fresh_b, fresh_c):
         assert (await event_types(sessions, call))[2:] == [
             "tool.call.dispatching",
-            "tool.call.accepted",
             "tool.call.completed",
         ]
         row = await call_row(sessions, call)
@@ -180,7 +179,7 @@ async def test_every_outcome_class_is_recorded_in_one_batch(
     assert rows[1]["next_reconcile_at"] is not None and rows[1]["completed_at"] is None
     assert rows[4]["next_reconcile_at"] is not None
     assert (await event_types(sessions, calls[0]))[-2:] == [
-        "tool.call.accepted",
+        "tool.call.dispatching",
         "tool.call.completed",
     ]
     assert (await event_payloads(sessions, calls[3]))[-1]["attempts"] == 3

@@ -138,8 +138,8 @@ async def test_a_batch_passes_its_crash_points_in_order_and_writes_to_its_topics
     # Every event of the call, to its last, on the site's topic.
     published = [r["payload"]["eventType"] for r in await outbox_rows(sessions, TOPICS.events)]
     assert published[-3:] == [
+        "tool.call.authorized",
         "tool.call.dispatching",
-        "tool.call.accepted",
         "tool.call.completed",
     ]
     assert await outbox_rows(sessions, DEFAULT_TOPICS.events) == []

@@ -21,29 +21,29 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher import runtime
 from dispatcher.cli.parsing import require_registry, until_signal
-from dispatcher.ledger.transitions import BulkMove, Moved, move_many
+from dispatcher.ledger.routed import RoutedMove, move_each
+from dispatcher.ledger.transitions import Moved
 from dispatcher.settings import load_settings
 from dispatcher.worker import outcomes
 from dispatcher.worker.consumer import run_worker
 
 
 async def status_only(
-    session: AsyncSession, moves: Sequence[BulkMove], *, lease_owner: str | None, **kw: Any
+    session: AsyncSession, moves: Sequence[RoutedMove], *, lease_owner: str | None, **kw: Any
 ) -> list[Moved]:
-    """:func:`move_many` without the owner and version fence of a move out of a claim.
+    """:func:`move_each` without the owner and version fence of a move out of a claim.
 
-    Only the recorder's ``dispatching ->`` step names a lease owner; its second step
-    (``accepted ->`` final, in the same transaction) keeps its own version fence."""
-    if lease_owner is None:
-        return await move_many(session, moves, lease_owner=None, **kw)
-    unfenced = [replace(m, version=None) for m in moves]
-    return await move_many(session, unfenced, lease_owner=None, **kw)
+    It is the recorder's ``dispatching ->`` step, the only one that names a lease
+    owner; a re-send's settling step (``accepted -> confirmed``, in the same
+    transaction) keeps its own version fence."""
+    unfenced = [replace(r, move=replace(r.move, version=None)) for r in moves]
+    return await move_each(session, unfenced, lease_owner=None, **kw)
 
 
 def main() -> int:
     settings = load_settings()
     # The recorder's own name for the fenced UPDATE, rebound in this process only.
-    outcomes.move_many = status_only  # type: ignore[attr-defined]
+    outcomes.move_each = status_only  # type: ignore[attr-defined]
     registry = require_registry(settings)
     return runtime.run(until_signal(lambda stop: run_worker(settings, registry, stop)), settings)
 

@@ -1,0 +1,321 @@
+"""Moves of many calls out of one status, each to its own target, in one statement.
+
+:func:`move_many` sends a whole batch to one target. A worker's outcomes go to several
+(completed, accepted, failed, result_unknown), and one statement per target made a
+batch's bookkeeping a handful of round trips. Here the target travels with each call
+in the per-call JSON (:func:`dispatcher.ledger.transitions.per_call_values`), every
+column a target writes is a ``CASE`` on the call's target, and a column its target does
+not write keeps its value. The events (and their outbox rows) are built beforehand,
+one for each status a call may end in, and travel in the same statement, which
+inserts only those of the status the UPDATE gave each row it moved: the batch is one
+round trip, whatever the mix of targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    Select,
+    Table,
+    Text,
+    and_,
+    bindparam,
+    case,
+    column,
+    func,
+    insert,
+    literal_column,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql.dml import ReturningUpdate
+from sqlalchemy.sql.selectable import CTE, TableValuedAlias
+
+from dispatcher.db.tables import execution_events, outbox, tool_calls
+from dispatcher.ledger.events import CallContext, EventType, event_message, event_row
+from dispatcher.ledger.messages import Producer
+from dispatcher.ledger.transitions import (
+    EVENT_COLUMNS,
+    MESSAGE_COLUMNS,
+    BulkMove,
+    Moved,
+    fenced_by,
+    keys_of,
+    per_call_values,
+)
+from dispatcher.settings import DEFAULT_TOPICS, Topics
+from dispatcher.states import ExecutionStatus, check_transition
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What a move to one target records: its event, the per-call columns each of its
+    moves carries (``values`` of a :class:`RoutedMove`), and the SQL ``fields`` it
+    sets besides (``now()``, a delay looked up per capability)."""
+
+    event_type: EventType
+    values: tuple[str, ...] = ()
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Divert:
+    """Calls routed to ``source`` go to ``target`` instead when ``when`` holds of their
+    row as the UPDATE finds it (under the row lock the UPDATE takes). The diverted
+    call's ``values`` must include those of ``target``'s route."""
+
+    source: ExecutionStatus
+    target: ExecutionStatus
+    when: ColumnElement[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedMove:
+    """A :class:`BulkMove`, its target, and the context of its event (known before the
+    move: a worker's claim returned it)."""
+
+    move: BulkMove
+    target: ExecutionStatus
+    context: CallContext
+
+
+RETURNED = [tool_calls.c[name] for name in ("tenant", "tool_call_id", "status", "version")]
+"""What :func:`move_each` reads back of a moved call: its key, the status the UPDATE
+chose and the version it left; its caller has the rest."""
+
+
+def _check(
+    moves: Sequence[RoutedMove],
+    expected: ExecutionStatus,
+    routes: Mapping[ExecutionStatus, Route],
+    divert: Divert | None,
+) -> None:
+    """Every pair the statement may write, against the transition table, before it is
+    sent; and every move carries exactly its route's columns."""
+    targets = set(routes)
+    for target in targets:
+        check_transition(expected, target)
+    if divert is not None:
+        if divert.source not in targets or divert.target not in targets:
+            raise ValueError("a divert needs a route for its source and its target")
+        if not set(routes[divert.target].values) <= set(routes[divert.source].values):
+            raise ValueError(f"{divert.source} moves lack the values of {divert.target}")
+    for target, declared in routes.items():
+        if set(declared.values) & set(declared.fields):
+            raise ValueError(f"the route to {target} takes a column per call and as a field")
+    for routed in moves:
+        route = routes.get(routed.target)
+        if route is None:
+            raise ValueError(f"no route to {routed.target}")
+        if set(routed.move.values) != set(route.values):
+            raise ValueError(f"a move to {routed.target} carries {sorted(routed.move.values)}")
+
+
+async def move_each(
+    session: AsyncSession,
+    moves: Sequence[RoutedMove],
+    *,
+    expected: ExecutionStatus,
+    routes: Mapping[ExecutionStatus, Route],
+    producer: Producer,
+    lease_owner: str | None,
+    fields: Mapping[str, Any] | None = None,
+    divert: Divert | None = None,
+    topics: Topics = DEFAULT_TOPICS,
+) -> list[Moved]:
+    """Move each call of ``moves`` that is still ``expected`` (held by ``lease_owner``
+    unless None, at its move's version unless None) to its own target, and record its
+    event and outbox row, in ONE statement.
+
+    ``fields`` are set whatever the target. As with :func:`move_many`, a call whose
+    fence no longer holds is skipped (missing from the result, and no event of it
+    written); each moved call comes back (its key, status and version) with its event.
+    """
+    if not moves:
+        return []
+    _check(moves, expected, routes, divert)
+    # Sorted, so concurrent batches lock shared rows in one order and cannot deadlock.
+    ordered = sorted(moves, key=lambda r: r.move.key)
+    moved = _update(ordered, expected, routes, lease_owner, fields or {}, divert).cte("moved")
+    # The event of each status a call may end in, written before the move is known:
+    # the statement keeps the one of the status the UPDATE gave the row, and none of a
+    # call it skipped.
+    candidates = [
+        event
+        for routed in ordered
+        for event in _candidates(routed, expected, routes, divert, producer)
+    ]
+    rows = (await session.execute(_recorded(moved, candidates, topics))).all()
+    chosen = {(e["tenant"], e["tool_call_id"], e["payload"]["to"]): e for e in candidates}
+    return [Moved(row, chosen[(row.tenant, row.tool_call_id, row.status)]) for row in rows]
+
+
+def _update(
+    ordered: Sequence[RoutedMove],
+    expected: ExecutionStatus,
+    routes: Mapping[ExecutionStatus, Route],
+    lease_owner: str | None,
+    fields: Mapping[str, Any],
+    divert: Divert | None,
+) -> ReturningUpdate[Any]:
+    """The fenced UPDATE of the calls, returning each moved call's key, status and
+    version."""
+    names = sorted({name for route in routes.values() for name in route.values})
+    v = per_call_values(
+        [
+            BulkMove(
+                r.move.tool_call_id,
+                r.move.version,
+                {**r.move.values, "target": r.target.value},
+                tenant=r.move.tenant,
+            )
+            for r in ordered
+        ],
+        names,
+        column("target", Text),
+    )
+    status = _status(v.c.target, divert)
+    keys = keys_of([r.move for r in ordered])
+    stmt = fenced_by(
+        update(tool_calls).where(keys, tool_calls.c.status == expected.value), v
+    ).values(
+        status=status,
+        version=tool_calls.c.version + 1,
+        updated_at=func.now(),
+        **dict(fields),
+        **_written(routes, v.c, status),
+    )
+    if lease_owner is not None:
+        stmt = stmt.where(tool_calls.c.lease_owner == lease_owner)
+    return stmt.returning(*RETURNED)
+
+
+def _candidates(
+    routed: RoutedMove,
+    expected: ExecutionStatus,
+    routes: Mapping[ExecutionStatus, Route],
+    divert: Divert | None,
+    producer: Producer,
+) -> list[dict[str, Any]]:
+    """The event of the call's own target, and of the divert's when it may apply."""
+    targets = [routed.target]
+    if divert is not None and routed.target is divert.source:
+        targets.append(divert.target)
+    return [
+        event_row(
+            routes[target].event_type,
+            routed.context,
+            producer=producer,
+            payload={"from": [expected.value], "to": target.value, **routed.move.payload},
+        )
+        for target in targets
+    ]
+
+
+def _recorded(moved: CTE, candidates: Sequence[Mapping[str, Any]], topics: Topics) -> Select[Any]:
+    """The moved calls, with the events of the status each was moved to and their
+    outbox rows inserted, as one statement: PostgreSQL runs every data-modifying CTE
+    to completion whether or not the main SELECT reads it."""
+    events = [
+        {
+            **e,
+            "occurred_at": e["occurred_at"].isoformat(),
+            "to_status": e["payload"]["to"],
+            "ord": i,
+        }
+        for i, e in enumerate(candidates)
+    ]
+    e = _recordset("events", events, execution_events, EVENT_COLUMNS, "to_status")
+    inserted = (
+        insert(execution_events)
+        .from_select(
+            EVENT_COLUMNS,
+            select(*(e.c[name] for name in EVENT_COLUMNS))
+            .join_from(
+                e,
+                moved,
+                and_(
+                    moved.c.tenant == e.c.tenant,
+                    moved.c.tool_call_id == e.c.tool_call_id,
+                    moved.c.status == e.c.to_status,
+                ),
+            )
+            .order_by(e.c.ord),
+        )
+        .returning(execution_events.c.event_id)
+        .cte("recorded")
+    )
+    messages = [
+        {**event_message(c, topics), "event_id": c["event_id"], "ord": i}
+        for i, c in enumerate(candidates)
+    ]
+    m = _recordset("messages", messages, outbox, MESSAGE_COLUMNS, "event_id")
+    published = (
+        insert(outbox)
+        .from_select(
+            MESSAGE_COLUMNS,
+            select(*(m.c[name] for name in MESSAGE_COLUMNS))
+            .join_from(m, inserted, inserted.c.event_id == m.c.event_id)
+            .order_by(m.c.ord),
+        )
+        .cte("published")
+    )
+    return select(moved).add_cte(published)
+
+
+def _recordset(
+    name: str, rows: list[dict[str, Any]], table: Table, columns: Sequence[str], key: str
+) -> TableValuedAlias:
+    """``rows`` as one JSON parameter, typed as ``table``'s ``columns``, plus the text
+    ``key`` they are joined by and their position ``ord``."""
+    return (
+        func.jsonb_to_recordset(bindparam(name, rows, type_=JSONB))
+        .table_valued(
+            *(column(c, table.c[c].type) for c in columns),
+            *([] if key in columns else [column(key, Text)]),
+            column("ord", Integer),
+        )
+        .render_derived(name=name, with_types=True)
+    )
+
+
+def _status(target: ColumnElement[Any], divert: Divert | None) -> ColumnElement[Any]:
+    """The status each row is moved to: its move's target, unless diverted."""
+    if divert is None:
+        return target
+    return case(
+        (and_(target == divert.source.value, divert.when), _text(divert.target)),
+        else_=target,
+    )
+
+
+def _written(
+    routes: Mapping[ExecutionStatus, Route], v: Any, status: ColumnElement[Any]
+) -> dict[str, ColumnElement[Any]]:
+    """Each column some route writes: what the row's route writes, or its value kept.
+    A per-call value every route takes is simply written."""
+    columns = {name for route in routes.values() for name in (*route.values, *route.fields)}
+    written: dict[str, ColumnElement[Any]] = {}
+    for name in sorted(columns):
+        if all(name in route.values and name not in route.fields for route in routes.values()):
+            written[name] = v[name]
+            continue
+        whens = {
+            target.value: route.fields[name] if name in route.fields else v[name]
+            for target, route in routes.items()
+            if name in route.fields or name in route.values
+        }
+        written[name] = case(whens, value=status, else_=tool_calls.c[name])
+    return written
+
+
+def _text(status: ExecutionStatus) -> ColumnElement[Any]:
+    # A constant of the enum, not a parameter: it types the CASE as text.
+    return literal_column(f"'{status.value}'", Text)
