@@ -73,7 +73,12 @@ TARGETS: dict[str, Target] = {
     ),
     # The one place "not sent" is decided, and nothing sent twice behind our back.
     "dispatcher/provider/transport.py": Target(
-        ("tests/unit/test_transport_table.py", "tests/worker/test_provider_transport.py"), 20
+        (
+            "tests/unit/test_transport_table.py",
+            "tests/worker/test_provider_transport.py",
+            "tests/worker/test_transport_wire.py",
+        ),
+        20,
     ),
     "dispatcher/provider/client.py": Target(
         (

@@ -10,6 +10,7 @@ import ssl
 import aiohttp
 import pytest
 from aiohttp.client_reqrep import ConnectionKey
+from yarl import URL
 
 from dispatcher.provider.transport import (
     MaybeReceived,
@@ -126,5 +127,57 @@ async def test_one_pool_as_large_as_the_requests_in_flight_and_no_silent_retry()
         assert isinstance(session.connector, aiohttp.TCPConnector)
         assert session.connector.limit == 7
         assert session._retry_connection is False
+    finally:
+        await session.close()
+
+
+HEADER_REFUSAL = "a header holds a control character"
+URL_REFUSAL = "not an http(s) URL with a host"
+
+
+@pytest.mark.parametrize("headers", [{"X": "a\rb"}, {"X\x7f": "v"}, {"": "v"}, {"X": "\x1f"}])
+def test_a_refused_header_says_why_without_its_value(headers: dict[str, str]) -> None:
+    with pytest.raises(ValueError) as raised:
+        _check_headers(headers)
+    assert str(raised.value) == HEADER_REFUSAL
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://provider.test/x", "http:///no-host", "/relative", "", "mailto:a@b.test"]
+)
+def test_a_refused_url_says_why(url: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        _url(url)
+    assert str(raised.value) == URL_REFUSAL
+
+
+@pytest.mark.parametrize(
+    "url", ["https://provider.test", "HTTP://Provider.test:8080/x?q=1", "http://[::1]:9/x"]
+)
+def test_an_http_url_with_a_host_is_accepted_as_given(url: str) -> None:
+    assert _url(url) == URL(url)
+
+
+def test_each_budget_is_one_timeout_built_once() -> None:
+    transport = Transport()
+    timeout = transport._timeout(1.5)
+    assert timeout == aiohttp.ClientTimeout(total=4.0, connect=1.5, sock_read=1.5)
+    # Built once per budget: no allocation per request.
+    assert transport._timeout(1.5) is timeout
+    assert transport._timeout(3.0) == aiohttp.ClientTimeout(total=7.0, connect=3.0, sock_read=3.0)
+
+
+def test_the_pool_holds_64_requests_by_default_and_never_none() -> None:
+    assert (Transport().max_in_flight, Transport(0).max_in_flight) == (64, 1)
+
+
+async def test_pooled_connections_idle_out_before_a_providers_do() -> None:
+    """What no server can observe quickly: the idle expiry of a pooled connection. The
+    rest (cookies, proxies, per-host limit) is observed on the wire in
+    tests/worker/test_transport_wire.py."""
+    session = Transport(3)._open()
+    try:
+        assert isinstance(session.connector, aiohttp.TCPConnector)
+        assert session.connector._keepalive_timeout == 2.0
     finally:
         await session.close()
