@@ -120,8 +120,8 @@ TARGETS: dict[str, Target] = {
         140,
         broker=True,
     ),
-    "outbox_relay/schedule.py": Target(("tests/unit/test_mutation_relay.py",), 20),
-    "outbox_relay/settle.py": Target(("tests/unit/test_relay_units.py",), 40),
+    "outbox_relay/schedule.py": Target(("tests/unit/test_mutation_relay.py",), 10),
+    "outbox_relay/settle.py": Target(("tests/unit/test_relay_units.py",), 30),
     # Intake's key and fingerprint, and what an approval binds itself to.
     # Pure functions: their unit tests alone (the intake tests take a database each).
     "dispatcher/intake/keys.py": Target(("tests/unit/test_mutation_keys.py",), 40),
