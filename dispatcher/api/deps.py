@@ -7,7 +7,7 @@ scope of each route is visible where the route is declared.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -27,11 +27,15 @@ _BEARER = HTTPBearer(
 )
 Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
 
+# Every dependency is a coroutine: FastAPI runs a plain function in the thread pool, a
+# thread hand-off per dependency per request (measured: about a twelfth of the API
+# process's samples at 16 clients); none of them blocks.
 
-def require(scope: Scope) -> Callable[[Request, Bearer], Principal]:
+
+def require(scope: Scope) -> Callable[[Request, Bearer], Awaitable[Principal]]:
     """A dependency: the caller's API key, which must carry ``scope``."""
 
-    def principal(request: Request, _declared: Bearer) -> Principal:
+    async def principal(request: Request, _declared: Bearer) -> Principal:
         auth: ApiKeyAuth = request.app.state.auth
         caller = auth.authenticate(request)
         caller.require(scope)
@@ -40,28 +44,28 @@ def require(scope: Scope) -> Callable[[Request, Bearer], Principal]:
     return principal
 
 
-def _sessions(request: Request) -> async_sessionmaker[AsyncSession]:
+async def _sessions(request: Request) -> async_sessionmaker[AsyncSession]:
     # Set by the lifespan: the factory exists only once the app has started.
     sessions: async_sessionmaker[AsyncSession] = request.app.state.sessions
     return sessions
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def _registry(request: Request) -> CapabilityRegistry:
+async def _registry(request: Request) -> CapabilityRegistry:
     registry: CapabilityRegistry = request.app.state.registry
     return registry
 
 
-def _limits(request: Request) -> Limits:
+async def _limits(request: Request) -> Limits:
     limits: Limits = request.app.state.limits
     return limits
 
 
-def _batcher(request: Request) -> IntakeBatcher:
+async def _batcher(request: Request) -> IntakeBatcher:
     batcher: IntakeBatcher = request.app.state.batcher
     return batcher
 
