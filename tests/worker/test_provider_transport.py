@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import socket
 import struct
 from collections.abc import AsyncIterator, Callable
@@ -19,37 +18,30 @@ from dispatcher.capabilities import Capability
 from dispatcher.provider.client import DispatchRequest, OutcomeKind, ProviderClient
 from dispatcher.provider.transport import MaybeReceived, NotSent, Transport
 from dispatcher.testing.embedded import free_port
+from tests.fixtures.local_server import LocalServer
 
 OK = b'{"status":"succeeded","externalRequestId":"ext-1","result":{}}'
 # What the server does with the n-th request it read (1-based), on connection c.
 Behaviour = Callable[[int, int], str]
 
 
-class Provider:
+class Provider(LocalServer):
     """An HTTP/1.1 server on a local port; every request read is counted in
     ``requests`` as (connection number, method, path) before it meets its fate."""
 
     def __init__(self, behave: Behaviour) -> None:
+        super().__init__()
         self.behave = behave
         self.requests: list[tuple[int, str, str]] = []
-        self.url = ""
-        self._connections = itertools.count(1)
         self._stop = asyncio.Event()
-        self._server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> Provider:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-        return self
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
         self._stop.set()
-        self._server.close()
-        await self._server.wait_closed()
+        await super().__aexit__(*exc)
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = next(self._connections)
+    async def _handle(
+        self, connection: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         try:
             while True:
                 try:

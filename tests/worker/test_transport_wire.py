@@ -6,13 +6,13 @@ what a closed transport does. The failure classes are tests/worker/test_provider
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
 
 from dispatcher.provider.transport import Transport
+from tests.fixtures.local_server import LocalServer
 
 ANSWER = (
     b"HTTP/1.1 200 OK\r\nset-cookie: session=s1; Path=/\r\n"
@@ -33,30 +33,19 @@ class Received:
         return [v for n, v in self.headers if n.lower() == name.lower()]
 
 
-class Recorder:
+class Recorder(LocalServer):
     """An HTTP/1.1 server that records each request as it arrived, then answers it once
     ``answer_after`` requests have arrived (so requests in flight at once can be seen)."""
 
     def __init__(self, answer_after: int = 1) -> None:
+        super().__init__()
         self.received: list[Received] = []
-        self.url = ""
         self._answer_after = answer_after
         self._enough = asyncio.Event()
-        self._connections = itertools.count(1)
-        self._server: asyncio.Server | None = None
 
-    async def __aenter__(self) -> Recorder:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = next(self._connections)
+    async def _handle(
+        self, connection: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         try:
             while True:
                 try:
