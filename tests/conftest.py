@@ -14,6 +14,7 @@ pytest_plugins = [
     "tests.fixtures.capabilities",
     "tests.fixtures.api",
     "tests.fixtures.stack",
+    "tests.fixtures.browser",
 ]
 
 TESTS = Path(__file__).resolve().parent
@@ -29,6 +30,7 @@ FOLDERS = (
     "sandbox",
     "client",
     "process",
+    "console",
 )
 # Fixtures that reach a server outside the test's own process.
 SERVICES = {"pg_server_url", "kafka_bootstrap"}
