@@ -85,6 +85,13 @@ class Forbidden(DispatcherError):
     code, status, title = "forbidden", 403, "Not allowed"
 
 
+class CsrfRejected(Forbidden):
+    """A console form arrived without the session's token, or from another origin:
+    a cross-site request, refused before it touches anything."""
+
+    code, title = "csrf_rejected", "Form token missing or invalid"
+
+
 class SelfApprovalForbidden(Forbidden):
     code, title = "self_approval_forbidden", "Self-approval is not allowed"
 

@@ -127,6 +127,15 @@ class Settings(BaseSettings):
     http_body_timeout_seconds: float = Field(default=10.0, gt=0)
     http_keep_alive_seconds: int = Field(default=5, ge=1)
 
+    # The operator console (dispatcher.console). Its session cookies are signed with
+    # this secret; unset, each API process draws its own at start, so sessions end when
+    # it restarts and are not shared between replicas: set it when running several.
+    console_secret: SecretStr | None = None
+    console_session_seconds: int = Field(default=8 * 3600, ge=60)
+    # The session cookie is sent over HTTPS only; `up` (plain http on 127.0.0.1)
+    # turns it off.
+    console_secure_cookie: bool = True
+
     db_pool_size: int = 20
     # A round trip per checkout that survives database restarts; a caller that handles
     # a dropped connection itself (or a benchmark matching a bare pool) may turn it off.

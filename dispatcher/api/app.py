@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import ASGIApp
 
+from dispatcher import console
 from dispatcher.api import approvals, escalations, health, openapi, problems, runs, tool_calls
 from dispatcher.api.auth import ApiKeyAuth
 from dispatcher.api.limits import Limits
@@ -52,6 +53,7 @@ def create_app(
     openapi.install(app)
     for resource in (tool_calls, runs, approvals, escalations, health):
         app.include_router(resource.router)
+    console.install(app, settings, app.state.auth.keyring)
     return RequestTiming(
         BodyLimit(app, settings.max_body_bytes, settings.http_body_timeout_seconds)
     )

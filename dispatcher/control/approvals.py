@@ -65,12 +65,14 @@ async def list_approvals(
     tenant: str,
     status: ApprovalStatus | None = None,
     limit: int = 100,
+    offset: int = 0,
 ) -> list[ApprovalView]:
     """The tenant's approvals, those expiring soonest first."""
     query = (
         select(approvals)
         .where(approvals.c.tenant == tenant)
         .order_by(approvals.c.expires_at, approvals.c.approval_id)
+        .offset(offset)
         .limit(limit)
     )
     if status is not None:

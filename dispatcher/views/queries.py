@@ -4,10 +4,15 @@ tenant's call reads exactly like a missing one. (A run's event log is read by
 
 from __future__ import annotations
 
-from sqlalchemy import RowMapping, select
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import RowMapping, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from dispatcher.db.tables import tool_calls
+from dispatcher.db.tables import approvals, escalations, execution_events, tool_calls
+from dispatcher.schemas import ApprovalView, EscalationView, EventView
+from dispatcher.states import SETTLED_STATES
 
 
 async def tool_call_row(session: AsyncSession, tenant: str, tool_call_id: str) -> RowMapping | None:
@@ -19,3 +24,71 @@ async def tool_call_row(session: AsyncSession, tenant: str, tool_call_id: str) -
         )
     ).first()
     return None if row is None else row._mapping
+
+
+async def call_events(session: AsyncSession, tenant: str, tool_call_id: str) -> list[EventView]:
+    """One call's events, in the order they were recorded."""
+    rows = await session.execute(
+        select(execution_events)
+        .where(execution_events.c.tenant == tenant, execution_events.c.tool_call_id == tool_call_id)
+        .order_by(execution_events.c.seq)
+    )
+    return [EventView.of(r._mapping) for r in rows]
+
+
+async def escalation(
+    session: AsyncSession, tenant: str, escalation_id: str
+) -> EscalationView | None:
+    row = (
+        await session.execute(
+            select(escalations).where(
+                escalations.c.escalation_id == escalation_id, escalations.c.tenant == tenant
+            )
+        )
+    ).first()
+    return None if row is None else EscalationView.of(row._mapping)
+
+
+async def approval(session: AsyncSession, tenant: str, approval_id: str) -> ApprovalView | None:
+    row = (
+        await session.execute(
+            select(approvals).where(
+                approvals.c.approval_id == approval_id, approvals.c.tenant == tenant
+            )
+        )
+    ).first()
+    return None if row is None else ApprovalView.of(row._mapping)
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """A run as its calls show it: when it began, when it last moved, how many calls."""
+
+    run_id: str
+    started_at: datetime
+    last_change_at: datetime
+    calls: int
+    open_calls: int
+
+
+async def recent_runs(
+    session: AsyncSession, tenant: str, *, offset: int = 0, limit: int = 50
+) -> list[RunSummary]:
+    """The tenant's runs, the most recently changed first (a run exists as its calls)."""
+    settled = [s.value for s in SETTLED_STATES]
+    last_change = func.max(tool_calls.c.updated_at)
+    rows = await session.execute(
+        select(
+            tool_calls.c.run_id,
+            func.min(tool_calls.c.created_at),
+            last_change,
+            func.count(),
+            func.count().filter(tool_calls.c.status.not_in(settled)),
+        )
+        .where(tool_calls.c.tenant == tenant)
+        .group_by(tool_calls.c.run_id)
+        .order_by(last_change.desc(), tool_calls.c.run_id)
+        .offset(offset)
+        .limit(limit)
+    )
+    return [RunSummary(*row) for row in rows]
