@@ -92,3 +92,15 @@ async def recent_runs(
         .limit(limit)
     )
     return [RunSummary(*row) for row in rows]
+
+
+async def call_escalations(
+    session: AsyncSession, tenant: str, tool_call_id: str
+) -> list[EscalationView]:
+    """Every escalation episode of one call, oldest first."""
+    rows = await session.execute(
+        select(escalations)
+        .where(escalations.c.tenant == tenant, escalations.c.tool_call_id == tool_call_id)
+        .order_by(escalations.c.episode)
+    )
+    return [EscalationView.of(r._mapping) for r in rows]

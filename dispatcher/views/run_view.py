@@ -247,3 +247,14 @@ async def load_run_view(session: AsyncSession, tenant: str, run_id: str) -> RunV
     if not events:
         raise RunNotFound(run_id)
     return fold_run(run_id, events)
+
+
+def status_path(events: Iterable[EventView]) -> list[S]:
+    """The statuses one call went through, in order, as its events record them."""
+    path: list[S] = []
+    current: S | None = None
+    for event in events:
+        current = _status(event, current)
+        if current is not None and (not path or path[-1] != current):
+            path.append(current)
+    return path

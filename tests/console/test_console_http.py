@@ -16,9 +16,7 @@ from tests.fixtures.api import BOB, GLOBEX, OPERATOR, READER, bearer, control_ke
 
 @pytest.fixture
 def api_settings(settings: Settings) -> Settings:
-    return settings.model_copy(
-        update={"api_keys": control_keys(), "console_secure_cookie": False}
-    )
+    return settings.model_copy(update={"api_keys": control_keys(), "console_secure_cookie": False})
 
 
 async def signed_in(api_url: str, key: str) -> httpx.AsyncClient:
@@ -43,7 +41,9 @@ async def operator(api_url: str) -> AsyncIterator[httpx.AsyncClient]:
     await client.aclose()
 
 
-async def test_sign_in_sets_a_signed_http_only_strict_cookie_holding_no_key(api: httpx.AsyncClient) -> None:
+async def test_sign_in_sets_a_signed_http_only_strict_cookie_holding_no_key(
+    api: httpx.AsyncClient,
+) -> None:
     answer = await api.post("/console/login", data={"key": OPERATOR, "next": "/console/"})
     assert answer.status_code == 303
     assert answer.headers["location"] == "/console/"
