@@ -38,7 +38,10 @@ CSP = (
 _HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Not "no-referrer": under it Chromium sends "Origin: null" with every form post,
+    # which same_origin() rightly refuses, so no form of the console could be used.
+    # "same-origin" still tells no other site which console page linked to it.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
     "X-Frame-Options": "DENY",
 }
