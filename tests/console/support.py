@@ -4,6 +4,7 @@ as a test reaches it over HTTP, and reading what a page shows."""
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,16 +136,23 @@ async def text_of(page: Page, testid: str) -> str:
     return (await page.locator(f"[data-testid={testid}]").first.inner_text()).strip()
 
 
-async def texts(page: Page, *testids: str) -> dict[str, str]:
-    return {testid: await text_of(page, testid) for testid in testids}
+async def texts(page: Page, *shown: str) -> dict[str, list[str]]:
+    """The texts of every element of each of ``shown``: a test id, or a CSS selector."""
+    found = {}
+    for what in shown:
+        selector = what if re.search(r"[\[\] .#>:]", what) else f"[data-testid={what}]"
+        found[what] = [t.strip() for t in await page.locator(selector).all_inner_texts()]
+    return found
 
 
-async def reload_shows_the_same(page: Page, *testids: str) -> dict[str, str]:
-    """Reload the page (a GET) and check every one of ``testids`` reads as before."""
-    before = await texts(page, *testids)
+async def reload_shows_the_same(page: Page, *shown: str) -> dict[str, list[str]]:
+    """Reload the page (a GET) and check that each of ``shown`` (test ids or CSS
+    selectors, none of them a ticking age) reads as before, and is there at all."""
+    before = await texts(page, *shown)
     await page.reload()
-    after = await texts(page, *testids)
+    after = await texts(page, *shown)
     assert after == before, f"{page.url} changed on reload"
+    assert all(after.values()), f"{page.url} shows none of some of {shown}: {after}"
     return after
 
 
