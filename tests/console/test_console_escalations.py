@@ -52,7 +52,7 @@ async def escalated(sessions: Sessions) -> tuple[str, str]:
 async def test_the_queue_shows_the_escalation_escaped_and_counted(
     api_url: str, sessions: Sessions
 ) -> None:
-    call, esc = await escalated(sessions)
+    _, esc = await escalated(sessions)
     client = await signed_in(api_url, OPERATOR)
     home = await client.get("/console/")
     assert 'data-testid="nav-escalations-count">1<' in home.text
@@ -134,7 +134,7 @@ async def test_a_read_key_sees_no_action_and_its_forged_post_is_refused(
 async def test_a_post_without_the_token_changes_nothing(api_url: str, sessions: Sessions) -> None:
     _, esc = await escalated(sessions)
     client = await signed_in(api_url, OPERATOR)
-    answer = await client.post(f"/console/escalations/{esc}/acknowledge", data={})
+    answer = await client.post(f"/console/escalations/{esc}/acknowledge", data={"note": "no token"})
     assert answer.status_code == 403
     async with sessions() as session:
         status = await session.scalar(
