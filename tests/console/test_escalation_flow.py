@@ -84,6 +84,7 @@ async def test_an_escalation_is_acknowledged_and_resolved_as_confirmed(
 
     await page.goto(f"/console/calls/{call_id}")
     await shows_after_reloads(page, "call-status", "confirmed")
+    assert await text_of(page, "verification-status") == "confirmed_success"
     await reload_shows_the_same(page, "call-status", "verification-status")
     await page.goto("/console/")
     assert await text_of(page, "nav-escalations-count") == "0"
