@@ -19,8 +19,8 @@ from dispatcher.console.web import (
     settings_of,
 )
 from dispatcher.control import approvals
-from dispatcher.errors import ApprovalNotFound, ValidationFailed
-from dispatcher.schemas import DecisionRequest
+from dispatcher.errors import ApprovalNotFound, CapabilityNotFound, ValidationFailed
+from dispatcher.schemas import ApprovalView, DecisionRequest
 from dispatcher.states import ApprovalStatus
 from dispatcher.views import queries
 
@@ -63,8 +63,19 @@ async def approval(request: Request, approval_id: str, viewer: Signed) -> Respon
         "approval.html",
         approval=found,
         call=call,
-        mine=found.requested_by == viewer.principal.identity,
+        mine=_self_approval(request, found, viewer.principal.identity),
     )
+
+
+def _self_approval(request: Request, approval: ApprovalView, who: str) -> bool:
+    """Whether the decision would be refused as self-approval: the same rule as the
+    control function's, so the page offers exactly what the API would accept."""
+    registry: CapabilityRegistry = request.app.state.registry
+    try:
+        forbidden = registry.get(approval.capability_id).forbid_self_approval
+    except CapabilityNotFound:
+        return False
+    return forbidden and approval.requested_by == who
 
 
 @router.post("/console/approvals/{approval_id}/decision")

@@ -34,6 +34,16 @@ FILTERS: dict[str, tuple[EscalationStatus, ...]] = {
     "resolved": (E.RESOLVED,),
     "all": tuple(E),
 }
+# The reconciler's dossier (reconciler/loop.py), titled for a human; any other key
+# (the caller's own evidence) is shown under its own name.
+EVIDENCE_TITLES = {
+    "lastAnswer": "The provider's last answer",
+    "providerLookup": "Lookups tried",
+    "compensation": "Compensation",
+    "policy": "Reconcile policy",
+    "lastError": "Last error",
+    "commands": "Resolving from the command line",
+}
 FINDINGS = {
     Finding.CONFIRMED_SUCCESS: "confirmed: the effect happened",
     Finding.CONFIRMED_FAILURE: "no effect: it did not happen",
@@ -78,6 +88,7 @@ async def escalation(request: Request, escalation_id: str, viewer: Signed) -> Re
         call=call,
         events=events,
         evidence=evidence,
+        titles=EVIDENCE_TITLES,
         findings=FINDINGS,
     )
 

@@ -56,6 +56,9 @@ async def local_stack(settings: Settings) -> AsyncIterator[Stack]:
             # Tansu rejects the idempotent producer.
             updates["kafka_enable_idempotence"] = False
             started.append(f"embedded Tansu       {updates['kafka_bootstrap']} (memory only)")
+        if "console_secure_cookie" not in settings.model_fields_set:
+            # `up` serves plain http on loopback, where a Secure cookie is never sent.
+            updates["console_secure_cookie"] = False
         dev_key = None
         if not settings.api_keys:
             dev_key = _dev_api_key(settings)
@@ -101,7 +104,8 @@ async def all_services(
     for plugin in entry_points(group=SERVICES_GROUP):
         service: Service = plugin.load()
         tasks[plugin.name] = asyncio.create_task(service(settings, registry, stop))
-    lines = [f"{'API':<21} http://{settings.http_host}:{server.config.port}"]
+    base = f"http://{settings.http_host}:{server.config.port}"
+    lines = [f"{'API':<21} {base}", f"{'console':<21} {base}/console/"]
     lines += [f"{name:<21} running" for name in tasks if name != "api"]
     try:
         yield lines
@@ -146,7 +150,7 @@ async def run_up(settings: Settings, registry: CapabilityRegistry, *, sandbox: b
                 for line in lines:
                     print(f"  {line}")
                 if stack.dev_api_key:
-                    print(f"  dev API key (tenant 'dev'): {stack.dev_api_key}")
+                    print(f"  dev API key (tenant 'dev', signs in to the console): {stack.dev_api_key}")
                 print("Ctrl-C stops everything.", flush=True)
                 await stop.wait()
         finally:

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.control.escalations import escalate
 from dispatcher.db.tables import escalations, execution_events, tool_calls
+from dispatcher.ledger.messages import Producer
 from dispatcher.settings import Settings
 from dispatcher.states import ExecutionStatus as S
 from tests.console.test_console_http import csrf_of, signed_in
@@ -44,7 +45,7 @@ async def escalated(sessions: Sessions) -> tuple[str, str]:
             expected=S.RESULT_UNKNOWN,
             reason=f"lookups kept timing out {HOSTILE}",
             evidence={"lookups": [{"url": "http://p/lookup", "answer": "timeout"}]},
-            producer="test",
+            producer=Producer.RECONCILER,
         )
     return call, view.escalation_id
 

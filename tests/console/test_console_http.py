@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from dispatcher.settings import Settings
-from tests.fixtures.api import BOB, GLOBEX, OPERATOR, READER, bearer, control_keys
+from tests.fixtures.api import BOB, GLOBEX, OPERATOR, READER, control_keys
 
 
 @pytest.fixture
@@ -100,7 +100,6 @@ async def test_an_open_redirect_after_sign_in_goes_home_instead(api: httpx.Async
 async def test_a_read_key_sees_no_action_and_tenant_b_sees_nothing_of_a(
     api_url: str, api: httpx.AsyncClient
 ) -> None:
-    # READER and BOB, GLOBEX: reached in the escalation and call tests once pages exist.
     reader = await signed_in(api_url, READER)
     page = await reader.get("/console/")
     assert page.status_code == 200
@@ -112,4 +111,3 @@ async def test_a_read_key_sees_no_action_and_tenant_b_sees_nothing_of_a(
     assert missing.status_code == 404
     assert 'data-code="escalation_not_found"' in missing.text
     await other.aclose()
-    assert bearer  # the API's own helper stays importable for the call tests

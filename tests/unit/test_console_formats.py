@@ -1,0 +1,55 @@
+"""How the console writes times, ages, links and pages (pure logic)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from dispatcher.console import formats, paging
+from dispatcher.errors import ValidationFailed
+
+NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def test_times_are_written_in_utc_whatever_their_zone() -> None:
+    east = datetime(2026, 12, 1, 14, 30, 5, tzinfo=timezone(timedelta(hours=2)))
+    assert formats.utc(east) == "2026-12-01 12:30:05 UTC"
+    assert formats.iso(east) == "2026-12-01T12:30:05+00:00"
+    assert formats.utc(None) == "—" and formats.iso(None) == ""
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (40, "40s"), (62, "1m 2s"), (3600, "1h"), (3 * 86400 + 4 * 3600 + 5, "3d 4h")],
+)
+def test_a_span_shows_its_two_largest_units(seconds: int, text: str) -> None:
+    assert formats.span(seconds) == text
+
+
+def test_an_age_says_ago_for_the_past_and_in_for_the_future() -> None:
+    assert formats.age(NOW - timedelta(seconds=90), NOW) == "1m 30s ago"
+    assert formats.age(NOW + timedelta(minutes=5), NOW) == "in 5m"
+    assert formats.age(None, NOW) == ""
+
+
+def test_links_encode_every_id_segment() -> None:
+    assert formats.link("calls", "a?b#c%d") == "/console/calls/a%3Fb%23c%25d"
+
+
+def test_pages_keep_the_filters_and_drop_the_notice() -> None:
+    items = list(range(paging.PAGE_SIZE + 1))
+    query = {"status": "open", "page": "2", "done": "resolved"}
+    page = paging.Page.of(items, path="/console/", query=query, number=2)
+    assert list(page.items) == items[: paging.PAGE_SIZE]
+    assert page.next == "/console/?status=open&page=3"
+    assert page.previous == "/console/?status=open"
+    last = paging.Page.of(items[:3], path="/console/", query={}, number=1)
+    assert last.next is None and last.previous is None
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "x", "10001", "1e3"])
+def test_a_page_number_out_of_range_is_refused(raw: str) -> None:
+    with pytest.raises(ValidationFailed):
+        paging.page_number({"page": raw})
+    assert paging.page_number({}) == 1 and paging.offset_of(3) == 2 * paging.PAGE_SIZE
