@@ -24,7 +24,9 @@ from tests.fixtures.capabilities import registry_file
 from tests.fixtures.stack import ProcessStack
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
+# Package scope: the stack stops once the folder's last test is done, not at the end
+# of a whole run where its processes would compete with every later test for the CPU.
+@pytest_asyncio.fixture(scope="package", loop_scope="session")
 async def console(
     tmp_path_factory: pytest.TempPathFactory,
     pg_server_url: str,
