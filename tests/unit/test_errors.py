@@ -27,6 +27,7 @@ CODES: dict[str, int] = {
     "run_not_found": 404,
     "approval_not_found": 404,
     "escalation_not_found": 404,
+    "dead_letter_not_found": 404,
     "tool_call_id_conflict": 409,
     "transition_conflict": 409,
     "run_stopped": 409,
