@@ -10,6 +10,7 @@ problem+json.
     │   └── PayloadTooLarge            413 payload_too_large
     ├── Unauthenticated                401 unauthenticated
     ├── Forbidden                      403 forbidden (the key lacks the scope)
+    │   ├── CsrfRejected                   csrf_rejected (a console form's token or origin)
     │   └── SelfApprovalForbidden          self_approval_forbidden
     ├── NotFound                       404 (another tenant's things are not found either)
     │   ├── CapabilityNotFound             capability_not_found

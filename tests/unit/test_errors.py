@@ -22,6 +22,7 @@ CODES: dict[str, int] = {
     "unauthenticated": 401,
     "forbidden": 403,
     "self_approval_forbidden": 403,
+    "csrf_rejected": 403,
     "capability_not_found": 404,
     "tool_call_not_found": 404,
     "run_not_found": 404,
