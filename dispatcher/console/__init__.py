@@ -10,12 +10,12 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from dispatcher.console import escalations, signin
+from dispatcher.console import escalations, outbox, overview, signin
 from dispatcher.console.web import Console
 from dispatcher.control.principals import Keyring
 from dispatcher.settings import Settings
 
-PAGES = (signin, escalations)
+PAGES = (signin, escalations, outbox, overview)
 
 
 def install(app: FastAPI, settings: Settings, keyring: Keyring) -> None:
