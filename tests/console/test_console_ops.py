@@ -32,11 +32,29 @@ def api_settings(settings: Settings) -> Settings:
     return settings.model_copy(update={"api_keys": control_keys(), "console_secure_cookie": False})
 
 
-@pytest.fixture
-async def operator(api_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    client = await signed_in(api_url, OPERATOR)
+async def _signed(api_url: str, key: str) -> AsyncIterator[httpx.AsyncClient]:
+    client = await signed_in(api_url, key)
     yield client
     await client.aclose()
+
+
+@pytest.fixture
+async def operator(api_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async for client in _signed(api_url, OPERATOR):
+        yield client
+
+
+@pytest.fixture
+async def reader(api_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async for client in _signed(api_url, READER):
+        yield client
+
+
+@pytest.fixture
+async def globex(api_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """Every scope, operate included, of the other tenant."""
+    async for client in _signed(api_url, GLOBEX):
+        yield client
 
 
 async def outbox_row(
@@ -76,7 +94,7 @@ async def form_token(client: httpx.AsyncClient) -> str:
 
 
 async def test_the_list_shows_the_tenants_dead_letters_and_what_waits_behind_them(
-    sessions: Sessions, operator: httpx.AsyncClient, api_url: str
+    sessions: Sessions, operator: httpx.AsyncClient, globex: httpx.AsyncClient
 ) -> None:
     mine = await outbox_row(sessions, "acme", key="run-1", dead=True)
     for _ in range(2):
@@ -99,17 +117,14 @@ async def test_the_list_shows_the_tenants_dead_letters_and_what_waits_behind_the
     assert "topic does not exist" in rows[0] and "tool-dispatcher.events" in rows[0]
     assert re.search(r'data-testid="blocked-rows">2<', rows[0])
     assert "<time datetime=" in rows[0]
-    other = await signed_in(api_url, GLOBEX)
-    theirs_page = (await other.get("/console/outbox")).text
-    await other.aclose()
+    theirs_page = (await globex.get("/console/outbox")).text
     assert ROW.format(theirs) in theirs_page and ROW.format(mine) not in theirs_page
 
 
 async def test_a_read_key_sees_the_dead_letters_without_any_action(
-    sessions: Sessions, api_url: str
+    sessions: Sessions, reader: httpx.AsyncClient
 ) -> None:
     row_id = await outbox_row(sessions, "acme", dead=True)
-    reader = await signed_in(api_url, READER)
     page = await reader.get("/console/outbox")
     assert ROW.format(row_id) in page.text
     assert re.findall(r'<form method="post" action="([^"]+)"', page.text) == ["/console/logout"]
@@ -117,7 +132,6 @@ async def test_a_read_key_sees_the_dead_letters_without_any_action(
     refused = await reader.post(
         f"/console/outbox/{row_id}/retry", data={"csrf": csrf_of(page.text)}
     )
-    await reader.aclose()
     assert refused.status_code == 403 and 'data-code="forbidden"' in refused.text
     assert (await row_state(sessions, row_id)).dead_lettered_at is not None
 
@@ -173,18 +187,16 @@ async def test_a_discard_needs_the_box_ticked_then_deletes_the_row(
 
 
 async def test_another_tenant_cannot_retry_or_discard_a_dead_letter(
-    sessions: Sessions, api_url: str
+    sessions: Sessions, globex: httpx.AsyncClient
 ) -> None:
     row_id = await outbox_row(sessions, "acme", dead=True)
     before = await row_state(sessions, row_id)
-    other = await signed_in(api_url, GLOBEX)  # operate scope, tenant globex
-    token = await form_token(other)
+    token = await form_token(globex)
 
-    retried = await other.post(f"/console/outbox/{row_id}/retry", data={"csrf": token})
-    discarded = await other.post(
+    retried = await globex.post(f"/console/outbox/{row_id}/retry", data={"csrf": token})
+    discarded = await globex.post(
         f"/console/outbox/{row_id}/discard", data={"csrf": token, "confirm": "yes"}
     )
-    await other.aclose()
 
     for answer in (retried, discarded):
         assert answer.status_code == 404
