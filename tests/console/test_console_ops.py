@@ -275,6 +275,7 @@ async def test_the_overview_counts_the_tenants_rows_and_reloads_itself(
     await outbox_row(sessions, "acme", key="run-3", published_at=func.now())
     await outbox_row(sessions, "globex")
     await outbox_row(sessions, "acme", key="run-4", dead=True)
+    await outbox_row(sessions, "globex", key="run-4", dead=True)
 
     page = await operator.get("/console/overview")
 
