@@ -74,7 +74,9 @@ async def outbox_row(
     if dead:
         row.update(attempts=3, last_error="topic does not exist", dead_lettered_at=func.now())
     async with sessions() as session, session.begin():
-        found = await session.scalar(insert(outbox).values(**row, **values).returning(outbox.c.id))
+        found = await session.scalar(
+            insert(outbox).values({**row, **values}).returning(outbox.c.id)
+        )
     assert found is not None
     return int(found)
 
@@ -103,12 +105,15 @@ async def test_the_list_shows_the_tenants_dead_letters_and_what_waits_behind_the
     await outbox_row(sessions, "globex", key="run-1")
     await outbox_row(sessions, "acme", key="run-2")
     theirs = await outbox_row(sessions, "globex", key="run-9", dead=True)
+    # What the broker said is shown as text, never as markup.
+    escaped = await outbox_row(sessions, "acme", key="run-5", dead=True, last_error="<b>big</b>")
 
     page = await operator.get("/console/outbox")
 
     assert page.status_code == 200
     rows = re.findall(r'<tr data-testid="dead-letter-row".*?</tr>', page.text, re.S)
-    assert len(rows) == 1 and ROW.format(mine) in rows[0]
+    assert len(rows) == 2 and ROW.format(mine) in rows[0]
+    assert ROW.format(escaped) in rows[1] and "&lt;b&gt;big&lt;/b&gt;" in rows[1]
     async with sessions() as session:
         message_id = await session.scalar(
             select(outbox.c.headers["ce_id"].astext).where(outbox.c.id == mine)
