@@ -10,13 +10,15 @@ problem+json.
     │   └── PayloadTooLarge            413 payload_too_large
     ├── Unauthenticated                401 unauthenticated
     ├── Forbidden                      403 forbidden (the key lacks the scope)
+    │   ├── CsrfRejected                   csrf_rejected (a console form's token or origin)
     │   └── SelfApprovalForbidden          self_approval_forbidden
     ├── NotFound                       404 (another tenant's things are not found either)
     │   ├── CapabilityNotFound             capability_not_found
     │   ├── ToolCallNotFound               tool_call_not_found
     │   ├── RunNotFound                    run_not_found
     │   ├── ApprovalNotFound               approval_not_found
-    │   └── EscalationNotFound             escalation_not_found
+    │   ├── EscalationNotFound             escalation_not_found
+    │   └── DeadLetterNotFound             dead_letter_not_found
     ├── Conflict                       409 the state of what it names does not allow it
     │   ├── ToolCallIdConflict             tool_call_id_conflict
     │   ├── TransitionConflict             transition_conflict (retriable: moved concurrently)
@@ -142,6 +144,16 @@ class EscalationNotFound(NotFound):
 
     def __init__(self, escalation_id: str) -> None:
         super().__init__(f"no escalation {escalation_id!r}", escalationId=escalation_id)
+
+
+class DeadLetterNotFound(NotFound):
+    """No dead-lettered outbox row with this id names the caller's tenant (it was
+    retried or discarded meanwhile, never existed, or is another tenant's)."""
+
+    code, title = "dead_letter_not_found", "Dead letter not found"
+
+    def __init__(self, row_id: int) -> None:
+        super().__init__(f"no dead letter with id {row_id}", rowId=row_id)
 
 
 class Conflict(DispatcherError):

@@ -10,12 +10,12 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from dispatcher.console import approvals, calls, escalations, runs, signin
+from dispatcher.console import approvals, calls, escalations, outbox, overview, runs, signin
 from dispatcher.console.web import Console
 from dispatcher.control.principals import Keyring
 from dispatcher.settings import Settings
 
-PAGES = (signin, escalations, approvals, runs, calls)
+PAGES = (signin, escalations, approvals, runs, calls, outbox, overview)
 
 
 def install(app: FastAPI, settings: Settings, keyring: Keyring) -> None:

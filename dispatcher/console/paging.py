@@ -17,7 +17,8 @@ _MAX_PAGE = 10_000
 
 def page_number(query: Mapping[str, str]) -> int:
     raw = query.get("page", "1")
-    if not raw.isdigit() or not 1 <= int(raw) <= _MAX_PAGE:
+    # ASCII digits, and few: str.isdigit() admits "²", which int() refuses (a 500).
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 5) or not 1 <= int(raw) <= _MAX_PAGE:
         raise ValidationFailed(f"page must be a whole number from 1 to {_MAX_PAGE}", field="page")
     return int(raw)
 

@@ -150,7 +150,8 @@ async def run_up(settings: Settings, registry: CapabilityRegistry, *, sandbox: b
                 for line in lines:
                     print(f"  {line}")
                 if stack.dev_api_key:
-                    print(f"  dev API key (tenant 'dev', signs in to the console): {stack.dev_api_key}")
+                    key = stack.dev_api_key
+                    print(f"  dev API key (tenant 'dev', signs in to the console): {key}")
                 print("Ctrl-C stops everything.", flush=True)
                 await stop.wait()
         finally:

@@ -68,8 +68,12 @@ async def load_overview(session: AsyncSession, tenant: str) -> Overview:
     )
     by_status = {status.value: 0 for status in ExecutionStatus}
     by_status.update({status: n for status, n in counts.all()})
+    # Unknown since the request was sent (the first dispatch: a re-send keeps it), as
+    # the reconciler's own backlog gauge counts. Not updated_at: every lookup the
+    # reconciler retries bumps it, so a call unknown for hours would look seconds old.
+    unknown_since = func.coalesce(tool_calls.c.dispatched_at, tool_calls.c.created_at)
     oldest_unknown = await session.scalar(
-        select(func.min(tool_calls.c.updated_at)).where(
+        select(func.min(unknown_since)).where(
             tool_calls.c.tenant == tenant,
             tool_calls.c.status == ExecutionStatus.RESULT_UNKNOWN.value,
         )

@@ -41,7 +41,7 @@ def read_until(process: subprocess.Popen[str], marker: str, within: float) -> li
     raise AssertionError(f"no {marker!r} within {within}s:\n" + "\n".join(lines))
 
 
-async def test_up_prints_the_console_and_a_dev_key_that_signs_in(
+def test_up_prints_the_console_and_a_dev_key_that_signs_in(
     tmp_path: Path, database_url: str, kafka_bootstrap: str
 ) -> None:
     run = uuid.uuid4().hex[:8]
@@ -75,12 +75,12 @@ async def test_up_prints_the_console_and_a_dev_key_that_signs_in(
         key = re.search(r"dev API key[^:]*: (\S+)", text)
         assert console is not None and key is not None, text
         assert console.group(1) == f"http://127.0.0.1:{port}/console/"
-        async with httpx.AsyncClient(base_url=console.group(1)) as client:
-            signed = await client.post("login", data={"key": key.group(1)})
+        with httpx.Client(base_url=console.group(1)) as client:
+            signed = client.post("login", data={"key": key.group(1)})
             assert signed.status_code == 303
             # Not Secure: `up` is plain http, where a Secure cookie would never come back.
             assert "secure" not in signed.headers["set-cookie"].lower()
-            home = await client.get("")
+            home = client.get("")
             assert home.status_code == 200
             assert 'data-testid="whoami">dev · tenant dev' in home.text
     finally:
