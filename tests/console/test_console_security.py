@@ -92,6 +92,9 @@ async def test_a_read_only_key_sees_no_actions_and_its_forged_posts_are_refused(
         f"/console/approvals/{approval_id}",
         f"/console/calls/{call_id}",
         f"/console/runs/{run_id}",
+        "/console/runs",
+        "/console/outbox",
+        "/console/overview",
     ):
         await page.goto(path)
         assert await post_buttons(page) == [], path
