@@ -90,3 +90,6 @@ def test_up_prints_the_console_and_a_dev_key_that_signs_in(
         finally:
             if process.poll() is None:
                 process.kill()
+                process.wait()
+            assert process.stdout is not None
+            process.stdout.close()
