@@ -5,8 +5,9 @@ for the processes that use one."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
+from dispatcher.cli.parsing import fail
 from dispatcher.db.engine import engine_for
 from dispatcher.ops import DEFAULT_PORTS, Ops, broker_check, database_check, serve_ops
 from dispatcher.settings import Settings
@@ -25,7 +26,13 @@ async def process_ops(settings: Settings, kind: str, *, broker: bool = False) ->
         ops.add_check("broker", broker_check(settings.kafka_bootstrap))
     port = DEFAULT_PORTS[kind] if settings.ops_port is None else settings.ops_port
     try:
-        async with serve_ops(ops, settings.ops_host, port, required=settings.ops_port is not None):
+        async with AsyncExitStack() as serving:
+            try:
+                await serving.enter_async_context(
+                    serve_ops(ops, settings.ops_host, port, required=settings.ops_port is not None)
+                )
+            except OSError as exc:  # a port that was set explicitly is taken
+                fail(f"ops endpoints on {settings.ops_host}:{port}: {exc.strerror or exc}", 1)
             yield ops
     finally:
         await engine.dispose()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 
 import httpx
@@ -14,7 +15,7 @@ import pytest
 
 from dispatcher.testing.embedded import Tansu, free_port
 from dispatcher.testing.sandbox import SandboxServer
-from tests.fixtures.stack import MakeStack, ProcessStack
+from tests.fixtures.stack import MakeStack, ProcessStack, exited
 from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka, pytest.mark.slow]
@@ -139,3 +140,17 @@ async def test_readyz_names_an_unreachable_database(
     assert failing.json()["failed"] == ["database"], failing.json()
     health = await answer(port, "/healthz")
     assert health is not None and health.status_code == 200
+
+
+async def test_an_ops_port_that_was_set_and_is_taken_exits_1_in_one_line(
+    make_stack: MakeStack, sandbox: SandboxServer
+) -> None:
+    stack = make_stack(sandbox_url=sandbox.url)
+    with socket.socket() as taken:
+        taken.bind((HOST, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        reconciler = stack.start("reconcile", ops_port=str(port))
+        assert await exited(reconciler) == 1
+    log = stack.log_of(reconciler).strip().splitlines()
+    assert log[-1].startswith(f"tool-dispatcher: error: ops endpoints on {HOST}:{port}"), log
