@@ -177,8 +177,13 @@ class Settings(BaseSettings):
     reconcile_concurrency: int = Field(default=64, ge=1)
     reconcile_lease_seconds: float = Field(default=60.0, gt=0)
     reconcile_interval_seconds: float = Field(default=5.0, gt=0)
-    # Serve the reconciler's /metrics on this port (None: not served).
-    reconcile_metrics_port: int | None = None
+
+    # Ops endpoints (/healthz, /readyz, /metrics: dispatcher.ops) of the worker, relay,
+    # reconciler loop and approval sweeper: None is the process kind's own default port
+    # (dispatcher.ops.DEFAULT_PORTS), 0 turns them off. The API serves its own on
+    # http_port; the sandbox takes --ops-port instead (it reads no settings).
+    ops_port: int | None = Field(default=None, ge=0, le=65535)
+    ops_host: str = "127.0.0.1"
 
     approval_sweep_interval_seconds: float = Field(default=30.0, gt=0)
 

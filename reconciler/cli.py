@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from prometheus_client import start_http_server
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher import runtime
 from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.cli.ops_server import process_ops
 from dispatcher.cli.parsing import fail, require_registry
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.db.errors import DbErrorClass, classify
@@ -93,11 +93,10 @@ async def _main(settings: Settings, registry: CapabilityRegistry, *, once: bool)
         for line in tally.lines():
             print(line)
         return 0
-    if settings.reconcile_metrics_port is not None:
-        start_http_server(settings.reconcile_metrics_port, settings.http_host)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    await run_service(settings, registry, stop)
+    async with process_ops(settings, "reconciler"):
+        await run_service(settings, registry, stop)
     return 0

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher import runtime
 from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.cli.ops_server import process_ops
 from dispatcher.cli.parsing import OneLineArgumentParser, fail
 from dispatcher.control.approvals import expire_due
 from dispatcher.db.engine import create_engine, session_factory
@@ -68,6 +69,14 @@ async def expire_all(
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.once:
+        return await _sweep(args, settings)
+    # The sweeper as a service: ops endpoints for its lifetime (none for the cron pass).
+    async with process_ops(settings, "approvals"):
+        return await _sweep(args, settings)
+
+
+async def _sweep(args: argparse.Namespace, settings: Settings) -> int:
     engine = create_engine(settings)
     sessions = session_factory(engine)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import secrets
 import sys
@@ -14,6 +15,7 @@ from pydantic import ValidationError
 from dispatcher import runtime
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.cli import dev, outbox
+from dispatcher.cli.ops_server import process_ops
 from dispatcher.cli.parsing import OneLineArgumentParser, fail, require_registry, until_signal
 from dispatcher.db import migrate
 from dispatcher.settings import Settings, hash_api_key, load_settings
@@ -96,12 +98,17 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     if settings.kafka_bootstrap is None:
         fail("TOOL_DISPATCHER_KAFKA_BOOTSTRAP is not set (or use `tool-dispatcher up`)")
     if args.command == "worker":
-        from dispatcher.worker.consumer import run_worker
-
-        return runtime.run(
-            until_signal(lambda stop: run_worker(settings, registry, stop)), settings
-        )
+        return runtime.run(until_signal(lambda stop: _worker(settings, registry, stop)), settings)
     raise AssertionError(args.command)
+
+
+async def _worker(settings: Settings, registry: CapabilityRegistry, stop: asyncio.Event) -> None:
+    """The worker inside its ops endpoints, up before it waits for the broker: alive
+    (/healthz) while it waits, ready (/readyz) only once it joined its group."""
+    from dispatcher.worker.consumer import run_worker
+
+    async with process_ops(settings, "worker", broker=True) as ops:
+        await run_worker(settings, registry, stop, ops=ops)
 
 
 def _relay(settings: Settings) -> int:
@@ -114,9 +121,12 @@ def _relay(settings: Settings) -> int:
         config = relay_config(settings)
     except ValueError as exc:
         fail(f"bad relay setting: {exc}")
-    return runtime.run(
-        until_signal(lambda stop: run_relay_process(settings, config, stop)), settings
-    )
+
+    async def relay(stop: asyncio.Event) -> None:
+        async with process_ops(settings, "relay", broker=True):
+            await run_relay_process(settings, config, stop)
+
+    return runtime.run(until_signal(relay), settings)
 
 
 async def _recover_once(settings: Settings, registry: CapabilityRegistry) -> int:

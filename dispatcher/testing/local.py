@@ -106,7 +106,10 @@ async def all_services(
         tasks[plugin.name] = asyncio.create_task(service(settings, registry, stop))
     base = f"http://{settings.http_host}:{server.config.port}"
     lines = [f"{'API':<21} {base}", f"{'console':<21} {base}/console/"]
-    lines += [f"{name:<21} running" for name in tasks if name != "api"]
+    # Everything runs in this one process, so the API's probes are every part's: no
+    # ops server of their own (their default ports would collide with a real one's).
+    ops = f"ops {base}/healthz /readyz /metrics"
+    lines += [f"{name:<21} running, {ops}" for name in tasks if name != "api"]
     try:
         yield lines
     finally:
@@ -144,7 +147,7 @@ async def run_up(settings: Settings, registry: CapabilityRegistry, *, sandbox: b
                 for line in stack.started:
                     print(f"  {line}")
                 if provider is not None:
-                    print(f"  sandbox provider      {provider.url}")
+                    print(f"  sandbox provider      {provider.url} (ops: the API's)")
                 print(f"  database              {s.database_url}")
                 print(f"  kafka                 {s.kafka_bootstrap}")
                 for line in lines:

@@ -18,13 +18,14 @@ import socket
 import uuid
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import OffsetAndMetadata
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.ledger.messages import DispatchCommand
+from dispatcher.ops import NotReady, Ops
 from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import Settings
@@ -52,12 +53,17 @@ async def run_worker(
     *,
     worker_id: str | None = None,
     provider: ProviderClient | None = None,
+    ops: Ops | None = None,
 ) -> None:
     """Consume until ``stop`` is set; calls in flight finish and are recorded first.
 
     ``provider`` is the client that sends calls (its owner closes it); by default one
-    built from the settings, closed here."""
+    built from the settings, closed here. ``ops`` gets the "consumer group" readiness
+    check, failing from now (a worker still waiting for the broker) until joined."""
     worker_id = worker_id or new_worker_id()
+    membership = GroupMembership(settings.worker_group_id)
+    if ops is not None:
+        ops.add_check("consumer group", membership.check)
     if not await ensure_topics_when_reachable(settings, stop):
         return
     engine = create_engine(settings)
@@ -79,7 +85,6 @@ async def run_worker(
         crash=CrashPoints(settings.crash_at),
     )
     consumer = AIOKafkaConsumer(
-        settings.dispatch_topic,
         bootstrap_servers=settings.kafka_bootstrap,
         group_id=settings.worker_group_id,
         enable_auto_commit=False,
@@ -89,6 +94,7 @@ async def run_worker(
         session_timeout_ms=settings.kafka_session_timeout_ms,
         heartbeat_interval_ms=max(300, settings.kafka_session_timeout_ms // 4),
     )
+    consumer.subscribe([settings.dispatch_topic], listener=membership)
     await consumer.start()
     sweeper = asyncio.create_task(_sweep(settings, registry, sessions, stop))
     known = {cap.id for cap in registry}
@@ -106,6 +112,26 @@ async def run_worker(
         if transport is not None:
             await transport.close()
         await engine.dispose()
+
+
+class GroupMembership(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Whether this worker is a member of its consumer group right now: joined once
+    the group assigned it its partitions (none, when the group has more members than
+    partitions: still joined), not joined while a rebalance is under way."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.joined = False
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.joined = False
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.joined = True
+
+    async def check(self) -> None:
+        if not self.joined:
+            raise NotReady(f"not joined to consumer group {self.group}")
 
 
 def _commands(records: list[ConsumerRecord[Any, Any]], known: set[str]) -> list[tuple[str, str]]:

@@ -13,6 +13,8 @@ import psycopg
 
 from dispatcher import runtime
 from dispatcher.cli.parsing import OneLineArgumentParser
+from dispatcher.db.engine import engine_for
+from dispatcher.ops import SANDBOX_PORT, Ops, database_check, serve_ops
 from dispatcher.testing.sandbox.server import SandboxServer
 
 DEFAULT_PORT = 8790
@@ -41,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--port", type=_port, default=DEFAULT_PORT, help=f"0 picks a free port ({DEFAULT_PORT})"
     )
     parser.add_argument(
+        "--ops-port",
+        type=_port,
+        default=SANDBOX_PORT,
+        help=f"/healthz, /readyz, /metrics on this port; 0: off ({SANDBOX_PORT})",
+    )
+    parser.add_argument("--ops-host", default="127.0.0.1", help="address of the ops endpoints")
+    parser.add_argument(
         "--database-url",
         type=_database_url,
         default=None,
@@ -57,9 +66,10 @@ def build_parser(prog: str = "python -m dispatcher.testing.sandbox") -> argparse
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve with parsed arguments (``host``, ``port``, ``database_url``); 0 on SIGTERM."""
+    """Serve with parsed arguments (``host``, ``port``, ``database_url``, ``ops_host``,
+    ``ops_port``); 0 on SIGTERM."""
     try:
-        return runtime.run(_serve(args.host, args.port, args.database_url))
+        return runtime.run(_serve(args))
     except KeyboardInterrupt:
         return 130
     except (OSError, psycopg.Error) as exc:  # the port is taken, the database unreachable
@@ -75,18 +85,30 @@ def main(
     return run(build_parser(prog).parse_args(argv))
 
 
-async def _serve(host: str, port: int, database_url: str | None) -> int:
+async def _serve(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    server = SandboxServer(host, port, database_url=database_url)
+    server = SandboxServer(args.host, args.port, database_url=args.database_url)
     await server.start()
+    ops = Ops()
+    # A memory store has no dependency to check: ready as soon as it serves.
+    engine = None if args.database_url is None else engine_for(args.database_url, pool_size=1)
+    if engine is not None:
+        ops.add_check("database", database_check(engine))
     try:
-        # Never print the URL itself: it may carry a password.
-        print(f"sandbox provider on {server.url} (store: {server.store.name})", flush=True)
-        await stop.wait()
+        # The default port, if taken (a second sandbox), is skipped, not fatal.
+        required = args.ops_port != SANDBOX_PORT
+        async with serve_ops(ops, args.ops_host, args.ops_port, required=required) as ops_url:
+            # Never print the URL itself: it may carry a password.
+            print(f"sandbox provider on {server.url} (store: {server.store.name})", flush=True)
+            if ops_url is not None:
+                print(f"sandbox ops endpoints on {ops_url}", flush=True)
+            await stop.wait()
     finally:
         await server.stop()
+        if engine is not None:
+            await engine.dispose()
     print("sandbox provider stopped", flush=True)
     return 0
