@@ -25,6 +25,7 @@ from aiokafka.structs import OffsetAndMetadata
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.ledger.messages import DispatchCommand
+from dispatcher.metrics import CONSUMER_LAG
 from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import Settings
@@ -96,6 +97,7 @@ async def run_worker(
     try:
         while not stop.is_set():
             batches = await consumer.getmany(timeout_ms=200)
+            observe_lag(consumer, batches)
             if batches:
                 await _process(consumer, batches, executor, known)
     finally:
@@ -106,6 +108,28 @@ async def run_worker(
         if transport is not None:
             await transport.close()
         await engine.dispose()
+
+
+_LAGGING: set[int] = set()
+"""Partitions this process has set a lag for (to clear those it no longer holds)."""
+
+
+def observe_lag(
+    consumer: AIOKafkaConsumer, batches: dict[TopicPartition, list[ConsumerRecord[Any, Any]]]
+) -> None:
+    """Set the lag of each partition a fetch returned records of: its high watermark
+    (as the fetch response told it) minus the offset after the last record fetched.
+    Called right after the fetch, before any await, so the partitions are still held.
+    A partition given away drops its series, so workers' lags can be summed."""
+    held = {tp.partition for tp in consumer.assignment()}
+    for partition in _LAGGING - held:
+        CONSUMER_LAG.remove(str(partition))
+        _LAGGING.discard(partition)
+    for tp, records in batches.items():
+        highwater = consumer.highwater(tp)
+        if highwater is not None and records:
+            CONSUMER_LAG.labels(str(tp.partition)).set(max(0, highwater - records[-1].offset - 1))
+            _LAGGING.add(tp.partition)
 
 
 def _commands(records: list[ConsumerRecord[Any, Any]], known: set[str]) -> list[tuple[str, str]]:
