@@ -4,6 +4,8 @@ through the library functions the API and the sweeper call."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from sqlalchemy import text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -18,12 +20,21 @@ from dispatcher.schemas import DecisionRequest
 from dispatcher.states import ExecutionStatus as S
 from tests.fixtures.calls import insert_unknown_calls, submit_call
 from tests.fixtures.capabilities import approval_capability
-from tests.fixtures.metrics import sample
+from tests.fixtures.metrics import sample, unbounded_samples
 from tests.fixtures.rows import approval_of
 
 pytestmark = pytest.mark.postgres
 
 Sessions = async_sessionmaker[AsyncSession]
+
+
+@pytest.fixture(autouse=True)
+def labels_stay_bounded() -> Iterator[None]:
+    """After each test: every label value the facts left is of a bounded set."""
+    yield
+    assert unbounded_samples() == []
+
+
 WAIT = "tool_dispatcher_approval_wait_seconds"
 DECISIONS = "tool_dispatcher_approval_decisions_total"
 

@@ -6,7 +6,7 @@ real broker for the lag; each read through the default registry, as a scrape rea
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -27,11 +27,18 @@ from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired
 from dispatcher.worker.redrive import redrive_stale
 from tests.fixtures.calls import expire_leases, submit_call
-from tests.fixtures.metrics import sample
+from tests.fixtures.metrics import sample, unbounded_samples
 
 pytestmark = pytest.mark.postgres
 
 Sessions = async_sessionmaker[AsyncSession]
+
+
+@pytest.fixture(autouse=True)
+def labels_stay_bounded() -> Iterator[None]:
+    """After each test: every label value the facts left is of a bounded set."""
+    yield
+    assert unbounded_samples() == []
 
 
 @pytest.fixture
