@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -51,10 +52,15 @@ async def test_calls_per_status_and_the_oldest_ages(sessions: Sessions) -> None:
 
     await metrics.refresh(sessions)
 
-    counts = {s.value: sample("tool_dispatcher_calls", status=s.value) for s in S}
+    counts = {
+        s.value: REGISTRY.get_sample_value("tool_dispatcher_calls", {"status": s.value}) for s in S
+    }
     assert counts == {
         **{s.value: 0.0 for s in S},
-        "authorized": 2.0, "completed": 3.0, "accepted": 2.0, "escalated": 1.0,
+        "authorized": 2.0,
+        "completed": 3.0,
+        "accepted": 2.0,
+        "escalated": 1.0,
     }  # fmt: skip
     assert 100 <= sample("tool_dispatcher_oldest_accepted_age_seconds") < 110
     oldest_open = "tool_dispatcher_reconciler_oldest_open_escalation_age_seconds"
