@@ -119,14 +119,15 @@ def observe_lag(
 ) -> None:
     """Set the lag of each partition a fetch returned records of: its high watermark
     (as the fetch response told it) minus the offset after the last record fetched.
-    Called right after the fetch, before any await, so the partitions are still held.
-    A partition given away drops its series, so workers' lags can be summed."""
+    Called right after the fetch, before any await. A partition given away drops its
+    series, so the workers' lags can be summed."""
     held = {tp.partition for tp in consumer.assignment()}
     for partition in _LAGGING - held:
         CONSUMER_LAG.remove(str(partition))
         _LAGGING.discard(partition)
     for tp, records in batches.items():
-        highwater = consumer.highwater(tp)
+        # highwater() asserts the partition is held: a metric must never stop the loop.
+        highwater = consumer.highwater(tp) if tp.partition in held else None
         if highwater is not None and records:
             CONSUMER_LAG.labels(str(tp.partition)).set(max(0, highwater - records[-1].offset - 1))
             _LAGGING.add(tp.partition)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from prometheus_client import REGISTRY
 from sqlalchemy import text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -168,5 +169,12 @@ async def test_the_consumer_lag_is_what_a_fetch_left_behind(kafka_bootstrap: str
                 fetched += sum(len(rs) for rs in batches.values())
                 lags.append(sample("tool_dispatcher_worker_consumer_lag", partition="0"))
         assert lags == [3, 1, 0]  # 5 messages, fetched two at a time
+        # The partition given away: its series goes (no stale lag to sum).
+        consumer.unsubscribe()
+        observe_lag(consumer, {})
+        assert (
+            REGISTRY.get_sample_value("tool_dispatcher_worker_consumer_lag", {"partition": "0"})
+            is None
+        )
     finally:
         await consumer.stop()
