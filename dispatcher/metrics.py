@@ -1,8 +1,9 @@
-"""Prometheus metrics of the dispatcher process (default registry)."""
+"""Prometheus metrics of the dispatcher's processes: the API, the worker (and the
+reconciler's re-sends through its executor), the approvals sweeper (default registry)."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 INTAKE_SUBMISSIONS = Counter(
     "tool_dispatcher_intake_submissions_total",
@@ -14,4 +15,63 @@ HTTP_REQUEST_SECONDS = Histogram(
     "HTTP request latency by route template and status class",
     ["route", "status"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+
+# Label values are bounded by construction: capabilities by the registry, statuses,
+# rules and outcomes by their enums, partitions by the topic's configuration. Never a
+# call, run or tenant id (tests/unit/test_metric_catalogue.py, docs/metrics.md).
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+
+TRANSITIONS = Counter(
+    "tool_dispatcher_transitions_total",
+    "Status changes of calls by the statement that made them (from, to, capability)",
+    ["from", "to", "capability"],
+)
+DISPATCH_SECONDS = Histogram(
+    "tool_dispatcher_dispatch_seconds",
+    "Provider request duration of one dispatch, retries included, by capability",
+    ["capability"],
+    buckets=_LATENCY_BUCKETS,
+)
+DISPATCH_OUTCOMES = Counter(
+    "tool_dispatcher_dispatch_outcomes_total",
+    "Provider outcome classes of dispatches, by capability",
+    ["capability", "outcome"],
+)
+FENCED_OUTCOMES = Counter(
+    "tool_dispatcher_fenced_outcomes_total",
+    "Outcomes a worker saw but could not record: its lease was lost (a zombie)",
+    ["capability"],
+)
+RECOVERIES = Counter(
+    "tool_dispatcher_recoveries_total",
+    "Calls taken over from a dead worker by the recovery sweep, by rule",
+    ["rule", "capability"],
+)
+REDRIVES = Counter(
+    "tool_dispatcher_redrives_total",
+    "Dispatch commands written again for calls authorized too long without one",
+    ["capability"],
+)
+CONSUMER_LAG = Gauge(
+    "tool_dispatcher_worker_consumer_lag",
+    "Dispatch commands behind the partition's high watermark, as of the last fetch",
+    ["partition"],
+)
+APPROVAL_WAIT_SECONDS = Histogram(
+    "tool_dispatcher_approval_wait_seconds",
+    "From the approval's creation to its decision or expiry, by decision",
+    ["decision"],
+    buckets=_WAIT_BUCKETS,
+)
+APPROVAL_DECISIONS = Counter(
+    "tool_dispatcher_approval_decisions_total",
+    "Approvals closed, by decision (approved, rejected, expired)",
+    ["decision"],
+)
+ESCALATIONS_OPENED = Counter(
+    "tool_dispatcher_escalations_opened_total",
+    "Escalations opened (a call handed to a human), by capability",
+    ["capability"],
 )

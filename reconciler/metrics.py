@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.db.tables import escalations, tool_calls
-from dispatcher.states import EscalationStatus, ReconciliationStatus
+from dispatcher.states import EscalationStatus, ExecutionStatus, ReconciliationStatus
 
 UNKNOWN_BACKLOG = Gauge(
     "tool_dispatcher_reconciler_unknown_backlog",
@@ -39,6 +40,19 @@ LOOKUP_ERRORS = Counter(
 OPEN_ESCALATIONS = Gauge(
     "tool_dispatcher_reconciler_open_escalations",
     "Escalations not yet resolved (open or acknowledged)",
+)
+OLDEST_OPEN_ESCALATION_AGE = Gauge(
+    "tool_dispatcher_reconciler_oldest_open_escalation_age_seconds",
+    "Seconds since the oldest escalation not yet resolved was opened (0 when none)",
+)
+CALLS = Gauge(
+    "tool_dispatcher_calls",
+    "Calls in each execution status (every status, 0 when none)",
+    ["status"],
+)
+OLDEST_ACCEPTED_AGE = Gauge(
+    "tool_dispatcher_oldest_accepted_age_seconds",
+    "Seconds since the oldest call still accepted was accepted (0 when none)",
 )
 
 OUTCOME_CLASSES = (
@@ -77,7 +91,9 @@ class Tally:
 
 
 async def refresh(sessions: async_sessionmaker[AsyncSession]) -> None:
-    """Set the gauges from the database (two index-backed aggregate queries)."""
+    """Set the gauges from the database: two index-backed aggregates, one count of the
+    open escalations, and the calls per status (a scan of ``tool_calls``, once per
+    pass: there is no index on the status of every call)."""
     started = func.coalesce(tool_calls.c.dispatched_at, tool_calls.c.created_at)
     async with sessions() as session:
         backlog, oldest = (
@@ -88,11 +104,32 @@ async def refresh(sessions: async_sessionmaker[AsyncSession]) -> None:
                 ).where(tool_calls.c.reconciliation_status == ReconciliationStatus.PENDING.value)
             )
         ).one()
-        open_count = (
+        open_count, oldest_open = (
             await session.execute(
-                select(func.count()).where(escalations.c.status != EscalationStatus.RESOLVED.value)
+                select(func.count(), _age(escalations.c.created_at)).where(
+                    escalations.c.status != EscalationStatus.RESOLVED.value
+                )
             )
-        ).scalar_one()
+        ).one()
+        by_status = {
+            status: (count, float(age))
+            for status, count, age in await session.execute(
+                select(
+                    tool_calls.c.status,
+                    func.count(),
+                    _age(func.coalesce(tool_calls.c.accepted_at, tool_calls.c.updated_at)),
+                ).group_by(tool_calls.c.status)
+            )
+        }
     UNKNOWN_BACKLOG.set(backlog)
     OLDEST_UNKNOWN_AGE.set(float(oldest))
     OPEN_ESCALATIONS.set(open_count)
+    OLDEST_OPEN_ESCALATION_AGE.set(float(oldest_open))
+    for status in ExecutionStatus:
+        CALLS.labels(status.value).set(by_status.get(status.value, (0, 0.0))[0])
+    OLDEST_ACCEPTED_AGE.set(by_status.get(ExecutionStatus.ACCEPTED.value, (0, 0.0))[1])
+
+
+def _age(at: Any) -> Any:
+    """Seconds since the earliest ``at`` (0 when there is none)."""
+    return func.coalesce(func.extract("epoch", func.now() - func.min(at)), 0)

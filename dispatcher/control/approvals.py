@@ -53,6 +53,7 @@ from dispatcher.intake.keys import fingerprint
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
 from dispatcher.ledger.transitions import BulkMove, move, move_many
+from dispatcher.metrics import APPROVAL_DECISIONS, APPROVAL_WAIT_SECONDS
 from dispatcher.schemas import ApprovalView, DecisionRequest
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ApprovalStatus
@@ -143,7 +144,17 @@ async def decide(
             moved.row._mapping, producer=Producer.APPROVALS, causation_id=moved.event_id
         )
         await enqueue(session, [command.to_outbox_row(topics)])
+    if closed_view.closed_at is not None:
+        _count_closed(closed, (closed_view.closed_at - closed_view.created_at).total_seconds())
     return closed_view
+
+
+def _count_closed(decision: ApprovalStatus, *waits: float) -> None:
+    """Approvals closed by ``decision`` and how long each waited (database clock both
+    ends). In the caller's transaction, as the transitions are (see count_moves)."""
+    for wait in waits:
+        APPROVAL_WAIT_SECONDS.labels(decision.value).observe(wait)
+    APPROVAL_DECISIONS.labels(decision.value).inc(len(waits))
 
 
 async def _lock_open(
@@ -294,7 +305,8 @@ async def expire_due(
             approval_update(ApprovalStatus.PENDING, ApprovalStatus.EXPIRED)
             .where(approvals.c.approval_id.in_([r.approval_id for r in due]))
             .values(closed_at=func.now())
-            .returning(approvals.c.approval_id)
+            .returning(approvals.c.approval_id, approvals.c.closed_at - approvals.c.created_at)
         )
-    ).scalars()
-    return sorted(closed)
+    ).all()
+    _count_closed(ApprovalStatus.EXPIRED, *(waited.total_seconds() for _, waited in closed))
+    return sorted(approval_id for approval_id, _ in closed)

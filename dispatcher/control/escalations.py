@@ -30,6 +30,7 @@ from dispatcher.errors import EscalationAlreadyResolved, EscalationNotFound
 from dispatcher.ledger.events import CallContext, EventType, event_row, record_events
 from dispatcher.ledger.messages import EscalationMessage, Producer, enqueue, escalation_message
 from dispatcher.ledger.transitions import Fence, move
+from dispatcher.metrics import ESCALATIONS_OPENED
 from dispatcher.schemas import EscalationView, Finding
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import EscalationStatus, ReconciliationStatus, VerificationStatus
@@ -123,6 +124,8 @@ async def escalate(
     ).one()
     view = EscalationView.of(stored._mapping)
     await _publish(session, view, EscalationMessage.OPENED, producer, topics)
+    # In the caller's transaction, as the transitions are (see count_moves).
+    ESCALATIONS_OPENED.labels(call["capability_id"]).inc()
     return view
 
 

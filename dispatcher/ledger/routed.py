@@ -46,6 +46,7 @@ from dispatcher.ledger.transitions import (
     MESSAGE_COLUMNS,
     BulkMove,
     Moved,
+    count_moves,
     fenced_by,
     keys_of,
     per_call_values,
@@ -153,6 +154,8 @@ async def move_each(
         for event in _candidates(routed, expected, routes, divert, producer)
     ]
     rows = (await session.execute(_recorded(moved, candidates, topics))).all()
+    capability = {r.move.key: r.context.capability_id for r in ordered}
+    count_moves([expected], [(r.status, capability[(r.tenant, r.tool_call_id)]) for r in rows])
     chosen = {(e["tenant"], e["tool_call_id"], e["payload"]["to"]): e for e in candidates}
     return [Moved(row, chosen[(row.tenant, row.tool_call_id, row.status)]) for row in rows]
 

@@ -12,6 +12,7 @@ cause.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,7 @@ from dispatcher.ledger.events import (
     record_events,
 )
 from dispatcher.ledger.messages import Producer
+from dispatcher.metrics import TRANSITIONS
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus, check_transition
 
@@ -126,6 +128,7 @@ async def move(
             toolCallId=tool_call_id,
             target=target.value,
         )
+    count_moves(sources, [(row.status, row.capability_id)])
     event = event_row(
         event_type,
         CallContext.of(row._mapping),
@@ -135,6 +138,22 @@ async def move(
     )
     await record_events(session, [event], topics=topics)
     return Moved(row, event)
+
+
+def count_moves(sources: Sequence[ExecutionStatus], moved: Iterable[tuple[str, str]]) -> None:
+    """Count the moves a statement made, ``(to, capability)`` each, from ``sources``.
+
+    Counted when the statement returns its rows (what moved, not what was asked), in
+    the mover's transaction: a transaction that then rolls back has counted moves that
+    did not happen. Counting at commit would need a hook on every session's commit and
+    its savepoints; the gap is small instead: movers commit right after, and a process
+    that dies before the commit loses its counters with it. ``from`` is the one
+    expected status, or all of them joined by ``|`` when several were (the UPDATE's
+    RETURNING sees only the new row; the event records the same list).
+    """
+    came_from = "|".join(sorted(s.value for s in sources))
+    for (to, capability), n in collections.Counter(moved).items():
+        TRANSITIONS.labels(came_from, to, capability).inc(n)
 
 
 def _rows_of(param: str, table: Table, names: Sequence[str]) -> str:
@@ -316,6 +335,7 @@ async def move_many(
     if lease_owner is not None:
         stmt = stmt.where(tool_calls.c.lease_owner == lease_owner)
     moved = list((await session.execute(stmt.returning(*MOVED_COLUMNS))).all())
+    count_moves(sources, [(row.status, row.capability_id) for row in moved])
     by_key = {m.key: m for m in moves}
     came_from = [s.value for s in sources]
     events = [

@@ -25,6 +25,7 @@ from aiokafka.structs import OffsetAndMetadata
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.ledger.messages import DispatchCommand
+from dispatcher.metrics import CONSUMER_LAG
 from dispatcher.ops import NotReady, Ops
 from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.transport import Transport
@@ -102,6 +103,7 @@ async def run_worker(
     try:
         while not stop.is_set():
             batches = await consumer.getmany(timeout_ms=200)
+            observe_lag(consumer, batches)
             if batches:
                 await _process(consumer, batches, executor, known)
     finally:
@@ -132,6 +134,29 @@ class GroupMembership(ConsumerRebalanceListener):  # type: ignore[misc]
     async def check(self) -> None:
         if not self.joined:
             raise NotReady(f"not joined to consumer group {self.group}")
+
+
+_LAGGING: set[int] = set()
+"""Partitions this process has set a lag for (to clear those it no longer holds)."""
+
+
+def observe_lag(
+    consumer: AIOKafkaConsumer, batches: dict[TopicPartition, list[ConsumerRecord[Any, Any]]]
+) -> None:
+    """Set the lag of each partition a fetch returned records of: its high watermark
+    (as the fetch response told it) minus the offset after the last record fetched.
+    Called right after the fetch, before any await. A partition given away drops its
+    series, so the workers' lags can be summed."""
+    held = {tp.partition for tp in consumer.assignment()}
+    for partition in _LAGGING - held:
+        CONSUMER_LAG.remove(str(partition))
+        _LAGGING.discard(partition)
+    for tp, records in batches.items():
+        # highwater() asserts the partition is held: a metric must never stop the loop.
+        highwater = consumer.highwater(tp) if tp.partition in held else None
+        if highwater is not None and records:
+            CONSUMER_LAG.labels(str(tp.partition)).set(max(0, highwater - records[-1].offset - 1))
+            _LAGGING.add(tp.partition)
 
 
 def _commands(records: list[ConsumerRecord[Any, Any]], known: set[str]) -> list[tuple[str, str]]:

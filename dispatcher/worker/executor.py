@@ -28,6 +28,7 @@ from dispatcher.errors import TransitionConflict
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import BulkMove, Fence
+from dispatcher.metrics import DISPATCH_OUTCOMES, DISPATCH_SECONDS, FENCED_OUTCOMES
 from dispatcher.provider.client import (
     DispatchRequest,
     OutcomeKind,
@@ -194,7 +195,15 @@ class Executor:
     async def _send(self, claim: Claim) -> ProviderOutcome:
         """One call's outcome, whatever goes wrong with it: an error of one call must
         not discard the outcomes of the others in its batch (they are recorded
-        together)."""
+        together). Timed and counted per capability, whatever the outcome."""
+        started = time.monotonic()
+        outcome = await self._dispatch(claim)
+        capability = claim.capability.id
+        DISPATCH_SECONDS.labels(capability).observe(time.monotonic() - started)
+        DISPATCH_OUTCOMES.labels(capability, outcome.kind.value).inc()
+        return outcome
+
+    async def _dispatch(self, claim: Claim) -> ProviderOutcome:
         try:
             return await self._provider.dispatch(
                 claim.capability,
@@ -234,4 +243,5 @@ class Executor:
                 # reconciler asks the provider, which holds the truth under the same
                 # idempotency key.
                 log.warning("outcome of %s not recorded: lease lost", call)
+                FENCED_OUTCOMES.labels(item.claim.capability.id).inc()
         return statuses

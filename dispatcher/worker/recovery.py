@@ -15,6 +15,7 @@ not claimed again (:mod:`dispatcher.worker.claims`), and the sweep, which takes 
 
 from __future__ import annotations
 
+import collections
 import logging
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -29,6 +30,7 @@ from dispatcher.errors import CapabilityNotFound
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
 from dispatcher.ledger.transitions import Fence, move
+from dispatcher.metrics import RECOVERIES
 from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
@@ -72,6 +74,7 @@ async def recover_expired(
     call to exactly one of them.
     """
     report = RecoveryReport()
+    taken: collections.Counter[tuple[str, str]] = collections.Counter()
     async with sessions() as session, session.begin():
         for m in await _expired_claims(session, limit):
             try:
@@ -85,7 +88,12 @@ async def recover_expired(
             elif rule is Recovery.REDISPATCH:
                 await _redispatch(session, m, topics)
                 report.redispatched.append(m["tool_call_id"])
-            # Recovery.REUSE_RECORDED: the recorded outcome stands.
+            else:  # Recovery.REUSE_RECORDED: the recorded outcome stands.
+                continue
+            taken[(rule.value, m["capability_id"])] += 1
+    # Counted once committed: a sweep that failed took nothing over.
+    for (rule_name, capability), n in taken.items():
+        RECOVERIES.labels(rule_name, capability).inc(n)
     if report.total:
         log.info(
             "recovery: %d re-dispatched, %d marked result_unknown",

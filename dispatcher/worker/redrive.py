@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.db.tables import outbox, tool_calls
 from dispatcher.ledger.events import CallContext, EventType, event_row, record_events
 from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
+from dispatcher.metrics import REDRIVES
 from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 
@@ -59,6 +60,9 @@ async def redrive_stale(
         stale = await _without_command(session, rows, threshold, topics) if rows else []
         if stale:
             stale = await _write_again(session, stale, older_than_seconds, topics)
+    # Counted once committed: a rolled-back sweep wrote no command.
+    for r in stale:
+        REDRIVES.labels(r.capability_id).inc()
     redriven = [r.tool_call_id for r in stale]
     if redriven:
         log.warning(

@@ -1,0 +1,103 @@
+"""docs/metrics.md is the metric catalogue: every metric the service's modules define is
+in it, with its type and label names, and it names nothing they do not define.
+
+Pure: importing every module of the three packages defines every metric (they are
+module-level, in the default registry); nothing is scraped. The end-to-end check that
+each process exposes its metrics over HTTP reuses :func:`tests.fixtures.metrics.catalogue`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+import dispatcher
+import outbox_relay
+import reconciler
+from tests.fixtures.metrics import PREFIXES, Entry, catalogue
+
+PACKAGES = (dispatcher, outbox_relay, reconciler)
+
+
+def import_everything() -> None:
+    for package in PACKAGES:
+        for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            # Scripts, not modules: __main__ runs the CLI, migrations run under alembic.
+            if not module.name.endswith(".__main__") and ".migrations" not in module.name:
+                importlib.import_module(module.name)
+
+
+def defined() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each of the service's metrics in the default registry: its name as scraped (a
+    counter's with ``_total``) -> (type, label names)."""
+    import_everything()
+    found: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for family in REGISTRY.collect():
+        if not family.name.startswith(PREFIXES):
+            continue
+        name = f"{family.name}_total" if family.type == "counter" else family.name
+        # The label names of a metric no one has moved yet are on its collector only
+        # (the client has no public accessor for them).
+        collector: Any = REGISTRY._names_to_collectors[name]
+        found[name] = (family.type, tuple(collector._labelnames))
+    return found
+
+
+def by_name(entries: list[Entry]) -> dict[str, Entry]:
+    return {e.name: e for e in entries}
+
+
+def test_the_catalogue_parses_and_names_each_metric_once() -> None:
+    entries = catalogue()
+    names = [e.name for e in entries]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    assert {e.process for e in entries} == {
+        "Every process", "API", "Worker", "Relay", "Reconciler", "Approvals sweeper",
+    }  # fmt: skip
+    # A row the parser would drop (a wrong number of cells) is no metric of it.
+    assert len(entries) >= 30
+
+
+def test_every_defined_metric_is_catalogued_and_every_catalogued_one_defined() -> None:
+    listed = set(by_name(catalogue()))
+    there = set(defined())
+    assert sorted(there - listed) == [], "defined but not in docs/metrics.md"
+    assert sorted(listed - there) == [], "in docs/metrics.md but defined nowhere"
+
+
+def test_types_and_label_names_match_the_definitions() -> None:
+    entries = by_name(catalogue())
+    mismatched = {
+        name: {"catalogue": (entries[name].type, entries[name].labels), "defined": spec}
+        for name, spec in defined().items()
+        if name in entries and (entries[name].type, entries[name].labels) != spec
+    }
+    assert mismatched == {}
+
+
+def test_every_entry_says_what_it_means_and_where_it_moves() -> None:
+    for entry in catalogue():
+        assert entry.meaning and entry.where and entry.values, entry
+        assert entry.type in {"counter", "gauge", "histogram"}, entry
+        assert ("—" in entry.values) == (entry.labels == ()), entry
+
+
+@pytest.mark.parametrize(
+    "row, problem",
+    [
+        ("| `tool_dispatcher_x_total` | counter | `a` | a | m | w |", "not defined"),
+        ("| `tool_dispatcher_calls` | counter | `status` | s | m | w |", "wrong type"),
+    ],
+)
+def test_a_wrong_row_is_caught(tmp_path: Any, row: str, problem: str) -> None:
+    """The comparison can fail: a catalogue with one wrong row differs from the
+    definitions (``problem`` says how)."""
+    doc = tmp_path / "metrics.md"
+    doc.write_text("## API\n\n| Name | Type | Labels | Label values | Meaning | Where |\n" + row)
+    (entry,) = catalogue(doc)
+    spec = defined().get(entry.name)
+    assert spec != (entry.type, entry.labels), problem
