@@ -31,6 +31,9 @@ def test_what_this_session_left_is_bounded() -> None:
         ("to", "dispatching"),
         ("status", "4xx"),
         ("outcome", "validation_failed"),
+        # An enum member or a template parameter that only looks like an id's prefix.
+        ("outcome", "run_stopped"),
+        ("route", "/v1/runs/{run_id}/events"),
         ("outcome", "taken_over"),
         ("partition", "3"),
         ("le", "0.005"),
