@@ -15,6 +15,7 @@ import pytest
 
 from dispatcher.testing.embedded import Tansu, free_port
 from dispatcher.testing.sandbox import SandboxServer
+from tests.fixtures.metrics import PREFIXES, catalogue
 from tests.fixtures.stack import MakeStack, ProcessStack, exited
 from tests.fixtures.waiting import eventually
 
@@ -76,8 +77,19 @@ async def test_every_process_answers_healthz_readyz_and_metrics(
         "approvals": {"database"},
         "sandbox": {"database"},
     }
+    ports["api"] = free_port(HOST)
+    processes["api"] = stack.start("serve", http_port=str(ports["api"]))
+    expected["api"] = set()
+    exposed: dict[str, set[str]] = {}
     for name, process in processes.items():
         port = ports[name]
+        if name == "api":
+            # The API's own /readyz names no checks (it asks the database only).
+            await wait_for(stack, process, port, "/readyz", 200)
+            metrics = await answer(port, "/metrics")
+            assert metrics is not None
+            exposed[name] = scraped(metrics.text)
+            continue
         ready = await wait_for(stack, process, port, "/readyz", 200)
         assert ready.json()["status"] == "ready", name
         assert set(ready.json()["checks"]) == expected[name], name
@@ -88,6 +100,29 @@ async def test_every_process_answers_healthz_readyz_and_metrics(
         metrics = await answer(port, "/metrics")
         assert metrics is not None and metrics.status_code == 200, name
         assert "# TYPE process_cpu_seconds_total counter" in metrics.text, name
+        exposed[name] = scraped(metrics.text)
+    # The catalogue (docs/metrics.md) is what a running stack exposes, both ways, and
+    # each metric is exposed by the process its table is for.
+    entries = catalogue()
+    everything = set().union(*exposed.values())
+    assert everything == {e.name for e in entries}
+    homes = {"API": "api", "Worker": "worker", "Relay": "relay", "Reconciler": "reconcile"}
+    for entry in entries:
+        if entry.process in homes:
+            assert entry.name in exposed[homes[entry.process]], entry
+
+
+def scraped(text: str) -> set[str]:
+    """The service's metric names in a Prometheus text page, as its TYPE lines name them."""
+    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    # prometheus_client adds a "<name>_created" gauge beside some histograms: the
+    # histogram's own series, not a metric of ours.
+    return {
+        n
+        for n in names
+        if n.startswith(PREFIXES)
+        and not (n.endswith("_created") and n[: -len("_created")] in names)
+    }
 
 
 async def test_a_stopped_worker_fails_healthz_until_it_continues(
