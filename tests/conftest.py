@@ -15,6 +15,7 @@ pytest_plugins = [
     "tests.fixtures.api",
     "tests.fixtures.stack",
     "tests.fixtures.browser",
+    "tests.fixtures.metrics",
 ]
 
 TESTS = Path(__file__).resolve().parent

@@ -4,8 +4,6 @@ through the library functions the API and the sweeper call."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from sqlalchemy import text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -20,19 +18,12 @@ from dispatcher.schemas import DecisionRequest
 from dispatcher.states import ExecutionStatus as S
 from tests.fixtures.calls import insert_unknown_calls, submit_call
 from tests.fixtures.capabilities import approval_capability
-from tests.fixtures.metrics import sample, unbounded_samples
+from tests.fixtures.metrics import sample
 from tests.fixtures.rows import approval_of
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("labels_stay_bounded")]
 
 Sessions = async_sessionmaker[AsyncSession]
-
-
-@pytest.fixture(autouse=True)
-def labels_stay_bounded() -> Iterator[None]:
-    """After each test: every label value the facts left is of a bounded set."""
-    yield
-    assert unbounded_samples() == []
 
 
 WAIT = "tool_dispatcher_approval_wait_seconds"

@@ -4,8 +4,6 @@ by its capability, never what was only asked for. Real PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -16,18 +14,11 @@ from dispatcher.ledger.routed import Route, RoutedMove, move_each
 from dispatcher.ledger.transitions import BulkMove, move, move_many
 from dispatcher.states import ExecutionStatus as S
 from tests.fixtures.calls import insert_call
-from tests.fixtures.metrics import sample, unbounded_samples
+from tests.fixtures.metrics import sample
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("labels_stay_bounded")]
 
 Sessions = async_sessionmaker[AsyncSession]
-
-
-@pytest.fixture(autouse=True)
-def labels_stay_bounded() -> Iterator[None]:
-    """After each test: every label value the facts left is of a bounded set."""
-    yield
-    assert unbounded_samples() == []
 
 
 MOVES = "tool_dispatcher_transitions_total"
