@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import RowMapping, func, select
+from sqlalchemy import RowMapping, Table, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import approvals, escalations, execution_events, tool_calls
@@ -16,13 +16,15 @@ from dispatcher.states import SETTLED_STATES
 
 
 async def tool_call_row(session: AsyncSession, tenant: str, tool_call_id: str) -> RowMapping | None:
-    row = (
-        await session.execute(
-            select(tool_calls).where(
-                tool_calls.c.tool_call_id == tool_call_id, tool_calls.c.tenant == tenant
-            )
-        )
-    ).first()
+    return await _one(session, tool_calls, "tool_call_id", tool_call_id, tenant)
+
+
+async def _one(
+    session: AsyncSession, table: Table, id_column: str, value: str, tenant: str
+) -> RowMapping | None:
+    """The row of ``table`` whose ``id_column`` is ``value``, if it is ``tenant``'s."""
+    query = select(table).where(table.c[id_column] == value, table.c.tenant == tenant)
+    row = (await session.execute(query)).first()
     return None if row is None else row._mapping
 
 
@@ -39,25 +41,13 @@ async def call_events(session: AsyncSession, tenant: str, tool_call_id: str) -> 
 async def escalation(
     session: AsyncSession, tenant: str, escalation_id: str
 ) -> EscalationView | None:
-    row = (
-        await session.execute(
-            select(escalations).where(
-                escalations.c.escalation_id == escalation_id, escalations.c.tenant == tenant
-            )
-        )
-    ).first()
-    return None if row is None else EscalationView.of(row._mapping)
+    row = await _one(session, escalations, "escalation_id", escalation_id, tenant)
+    return None if row is None else EscalationView.of(row)
 
 
 async def approval(session: AsyncSession, tenant: str, approval_id: str) -> ApprovalView | None:
-    row = (
-        await session.execute(
-            select(approvals).where(
-                approvals.c.approval_id == approval_id, approvals.c.tenant == tenant
-            )
-        )
-    ).first()
-    return None if row is None else ApprovalView.of(row._mapping)
+    row = await _one(session, approvals, "approval_id", approval_id, tenant)
+    return None if row is None else ApprovalView.of(row)
 
 
 @dataclass(frozen=True, slots=True)
