@@ -22,7 +22,7 @@ up: $(STAMP)
 	$(BIN)/tool-dispatcher up
 
 test: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
