@@ -9,8 +9,10 @@ Nothing here knows about tool calls.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any, Literal
 
 from opentelemetry import trace
@@ -76,9 +78,23 @@ def configure(
 ) -> None:
     """Log to stderr at ``level`` in ``log_format``: once per process, at its entry
     point. As :func:`logging.basicConfig`, it leaves a logging already configured
-    alone (a test's capture, a host program's own)."""
+    alone (a test's capture, a host program's own). In JSON, an exception that ends
+    the process is logged too."""
     handler = logging.StreamHandler()
     handler.setFormatter(
         JsonLines(context) if log_format == "json" else logging.Formatter(text_format)
     )
     logging.basicConfig(level=level, handlers=[handler])
+    if log_format == "json" and handler in logging.getLogger().handlers:
+        # A process that dies of an exception would print its traceback as text lines
+        # among the JSON ones: logged instead, as one line.
+        sys.excepthook = _log_uncaught
+
+
+def _log_uncaught(
+    kind: type[BaseException], value: BaseException, tb: TracebackType | None
+) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, value, tb)
+        return
+    logging.getLogger("uncaught").critical("the process died", exc_info=(kind, value, tb))
