@@ -20,6 +20,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 Scope = Literal["submit", "read", "approve", "operate"]
 # The event loop of every long-running process (dispatcher.runtime).
 EventLoop = Literal["uvloop", "asyncio"]
+# How each process writes its log lines (dispatcher.logs): plain text, or one JSON
+# object per record.
+LogFormat = Literal["text", "json"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 ALL_SCOPES: tuple[Scope, ...] = ("submit", "read", "approve", "operate")
 
 
@@ -45,6 +49,11 @@ def _seconds(value: object) -> object:
         except ValueError:
             pass
     return value
+
+
+def _upper(value: object) -> object:
+    # "info" as well as "INFO", as logging itself takes.
+    return value.upper() if isinstance(value, str) else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +113,11 @@ class Settings(BaseSettings):
 
     # uvloop unless set to "asyncio" (dispatcher.runtime.run).
     event_loop: EventLoop = "uvloop"
+
+    # Logs on stderr (dispatcher.logs). None is INFO, and WARNING for the commands whose
+    # output is their story (demo, api-key).
+    log_format: LogFormat = "text"
+    log_level: Annotated[LogLevel | None, BeforeValidator(_upper)] = None
 
     state_dir: Path = Path(".tool-dispatcher")
     capabilities_file: Path | None = None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 from collections.abc import Sequence
@@ -17,8 +16,12 @@ from typing import NoReturn
 
 import uvloop
 
+from outbox_relay import logs
 from outbox_relay.config import RelayConfig
 from outbox_relay.relay import run_relay
+
+# This command's text lines as they always were (a colon before the message).
+_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,6 +69,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--backoff-max", type=float, default=30.0, help="seconds")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="plain text, or one JSON object per line (default: text)",
+    )
     return p
 
 
@@ -108,9 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from(args)
     except ValueError as exc:
         p.error(str(exc))
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(args.log_level, args.log_format, text_format=_TEXT_FORMAT)
     if args.metrics_port is not None:
         from prometheus_client import start_http_server
 

@@ -15,14 +15,16 @@ commit lands late is still due on the next claim, so no commit-order gap can ski
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, extract, func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import tool_calls
+from dispatcher.logs import log_context
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus
 
@@ -36,6 +38,7 @@ class DueCall:
 
     tool_call_id: str
     tenant: str
+    run_id: str
     capability_id: str
     status: S
     idempotency_key: str
@@ -51,6 +54,19 @@ class DueCall:
     def redispatches(self) -> int:
         """Re-sends so far: every dispatch after the first."""
         return max(0, self.dispatch_attempts - 1)
+
+
+_T = TypeVar("_T")
+
+
+async def about(call: DueCall, work: Awaitable[_T]) -> _T:
+    """``work`` (a coroutine not started yet) with the call's ids on every log line it
+    writes: each call's lookup, compensation and re-send is a task of its own (the
+    reconciler gathers them), so the context is that call's alone."""
+    with log_context(
+        tool_call_id=call.tool_call_id, run_id=call.run_id, capability_id=call.capability_id
+    ):
+        return await work
 
 
 def _age() -> ColumnElement[Any]:
@@ -104,6 +120,7 @@ async def claim_due(
         .returning(
             tool_calls.c.tool_call_id,
             tool_calls.c.tenant,
+            tool_calls.c.run_id,
             tool_calls.c.capability_id,
             tool_calls.c.status,
             tool_calls.c.idempotency_key,
@@ -120,6 +137,7 @@ async def claim_due(
         DueCall(
             tool_call_id=r.tool_call_id,
             tenant=r.tenant,
+            run_id=r.run_id,
             capability_id=r.capability_id,
             status=S(r.status),
             idempotency_key=r.idempotency_key,

@@ -35,7 +35,7 @@ from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.worker.executor import Executor
 from reconciler import metrics
-from reconciler.due import DueCall, claim_due, database_now
+from reconciler.due import DueCall, about, claim_due, database_now
 from reconciler.lookup import (
     Answer,
     CompensationAnswer,
@@ -149,7 +149,7 @@ class Reconciler:
             )
         if not calls:
             return 0
-        answers = await asyncio.gather(*(self._look(call) for call in calls))
+        answers = await asyncio.gather(*(about(call, self._look(call)) for call in calls))
         batch = _Batch()
         redispatches: list[tuple[DueCall, Capability, dict[str, Any]]] = []
         compensations: list[tuple[DueCall, Capability, Answer, dict[str, Any]]] = []
@@ -167,13 +167,14 @@ class Reconciler:
                 compensations.append((call, capability, answer, evidence))
             else:
                 self._group(batch, call, capability, answer, verdict, evidence)
-        for item in await asyncio.gather(*(self._compensate(*c) for c in compensations)):
+        compensating = [about(c[0], self._compensate(*c)) for c in compensations]
+        for item in await asyncio.gather(*compensating):
             _put(batch, item)
         await self._record(batch, tally)
         # Each re-send in its own transactions: one that raises leaves its call to the
         # recovery sweep (its lease) or to the next pass, and the others go on.
         outcomes = await asyncio.gather(
-            *(self._redispatch(*r) for r in redispatches), return_exceptions=True
+            *(about(r[0], self._redispatch(*r)) for r in redispatches), return_exceptions=True
         )
         for (call, _, _), outcome in zip(redispatches, outcomes, strict=True):
             if isinstance(outcome, BaseException):

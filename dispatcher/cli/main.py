@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import secrets
 import sys
 from collections.abc import Callable, Sequence
@@ -18,6 +17,7 @@ from dispatcher.cli import dev, outbox
 from dispatcher.cli.ops_server import process_ops
 from dispatcher.cli.parsing import OneLineArgumentParser, fail, require_registry, until_signal
 from dispatcher.db import migrate
+from dispatcher.logs import configure_logging
 from dispatcher.settings import Settings, hash_api_key, load_settings
 
 # Packages above the dispatcher (the reconciler) add subcommands through this
@@ -51,17 +51,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["sandbox"]:
         return dev.run_sandbox(argv[1:])
     args = build_parser().parse_args(argv)
-    # The demo's story is its output; the services' own logging would drown it.
-    quiet = args.command in ("demo", "api-key")
-    logging.basicConfig(
-        level=logging.WARNING if quiet else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
     try:
         settings = load_settings()
     except ValidationError as exc:
         first = exc.errors()[0]
         fail(f"bad setting {'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+    # The demo's story is its output; the services' own logging would drown it.
+    configure_logging(settings, quiet=args.command in ("demo", "api-key"))
     try:
         return _run(args, settings)
     except KeyboardInterrupt:

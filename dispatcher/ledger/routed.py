@@ -49,6 +49,7 @@ from dispatcher.ledger.transitions import (
     count_moves,
     fenced_by,
     keys_of,
+    log_moves,
     per_call_values,
 )
 from dispatcher.settings import DEFAULT_TOPICS, Topics
@@ -157,7 +158,9 @@ async def move_each(
     capability = {r.move.key: r.context.capability_id for r in ordered}
     count_moves([expected], [(r.status, capability[(r.tenant, r.tool_call_id)]) for r in rows])
     chosen = {(e["tenant"], e["tool_call_id"], e["payload"]["to"]): e for e in candidates}
-    return [Moved(row, chosen[(row.tenant, row.tool_call_id, row.status)]) for row in rows]
+    result = [Moved(row, chosen[(row.tenant, row.tool_call_id, row.status)]) for row in rows]
+    log_moves([expected], result)
+    return result
 
 
 def _update(

@@ -7,12 +7,13 @@ conditional UPDATE (``WHERE status IN (:expected)`` plus an optional :class:`Fen
 and recorded as an execution event in the same transaction. Zero rows updated means
 someone else moved the call first: :class:`TransitionConflict`. A mover gets back the
 row and the event (:class:`Moved`), so what it writes next can name that event as its
-cause.
+cause. Each moved call is counted (:func:`count_moves`) and logged (:func:`log_moves`).
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,9 +50,12 @@ from dispatcher.ledger.events import (
     record_events,
 )
 from dispatcher.ledger.messages import Producer
+from dispatcher.logs import TRANSITIONS_LOGGER
 from dispatcher.metrics import TRANSITIONS
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus, check_transition
+
+_transitions = logging.getLogger(TRANSITIONS_LOGGER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +140,10 @@ async def move(
         causation_id=causation_id,
         payload={"from": [s.value for s in sources], "to": target.value, **dict(payload or {})},
     )
+    moved = Moved(row, event)
+    log_moves(sources, [moved])
     await record_events(session, [event], topics=topics)
-    return Moved(row, event)
+    return moved
 
 
 def count_moves(sources: Sequence[ExecutionStatus], moved: Iterable[tuple[str, str]]) -> None:
@@ -154,6 +160,38 @@ def count_moves(sources: Sequence[ExecutionStatus], moved: Iterable[tuple[str, s
     came_from = "|".join(sorted(s.value for s in sources))
     for (to, capability), n in collections.Counter(moved).items():
         TRANSITIONS.labels(came_from, to, capability).inc(n)
+
+
+def log_moves(sources: Sequence[ExecutionStatus], moved: Sequence[Moved]) -> None:
+    """One INFO line per moved call on the ``tool_dispatcher.transitions`` logger, with
+    ``from``, ``to``, ``tenant``, ``tool_call_id``, ``run_id`` and ``capability_id``.
+
+    Where the moves are counted (:func:`count_moves`), with the same caveat: a line
+    is written when the statement returned the row, before its transaction commits.
+    A batch is hundreds of calls: nothing is built unless INFO is on for the logger,
+    and the message is formatted only by a handler that writes it.
+    """
+    if not moved or not _transitions.isEnabledFor(logging.INFO):
+        return
+    came_from = "|".join(sorted(s.value for s in sources))
+    for m in moved:
+        e = m.event
+        to = e["payload"]["to"]
+        _transitions.info(
+            "tool call %s (%s): %s -> %s",
+            e["tool_call_id"],
+            e["capability_id"],
+            came_from,
+            to,
+            extra={
+                "from": came_from,
+                "to": to,
+                "tenant": e["tenant"],
+                "tool_call_id": e["tool_call_id"],
+                "run_id": e["run_id"],
+                "capability_id": e["capability_id"],
+            },
+        )
 
 
 def _rows_of(param: str, table: Table, names: Sequence[str]) -> str:
@@ -353,4 +391,6 @@ async def move_many(
         for row in moved
     ]
     await _record_all(session, events, topics)
-    return [Moved(row, event) for row, event in zip(moved, events, strict=True)]
+    result = [Moved(row, event) for row, event in zip(moved, events, strict=True)]
+    log_moves(sources, result)
+    return result

@@ -28,6 +28,7 @@ from dispatcher.errors import TransitionConflict
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import BulkMove, Fence
+from dispatcher.logs import log_context
 from dispatcher.metrics import DISPATCH_OUTCOMES, DISPATCH_SECONDS, FENCED_OUTCOMES
 from dispatcher.provider.client import (
     DispatchRequest,
@@ -195,9 +196,15 @@ class Executor:
     async def _send(self, claim: Claim) -> ProviderOutcome:
         """One call's outcome, whatever goes wrong with it: an error of one call must
         not discard the outcomes of the others in its batch (they are recorded
-        together). Timed and counted per capability, whatever the outcome."""
+        together). Timed and counted per capability, whatever the outcome. Its own task
+        (gathered), so its log context is this call's alone."""
         started = time.monotonic()
-        outcome = await self._dispatch(claim)
+        with log_context(
+            tool_call_id=claim.tool_call_id,
+            run_id=claim.context.run_id,
+            capability_id=claim.capability.id,
+        ):
+            outcome = await self._dispatch(claim)
         capability = claim.capability.id
         DISPATCH_SECONDS.labels(capability).observe(time.monotonic() - started)
         DISPATCH_OUTCOMES.labels(capability, outcome.kind.value).inc()

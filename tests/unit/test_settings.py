@@ -207,3 +207,12 @@ def test_a_misspelt_relay_setting_is_refused(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(ValidationError) as info:
         load_settings()
     assert info.value.errors()[0]["loc"] == ("relay", "batchsize")
+
+
+def test_the_log_settings() -> None:
+    assert load_settings().log_format == "text"
+    assert load_settings().log_level is None
+    settings = load_settings({"log_format": "json", "log_level": "debug"})
+    assert (settings.log_format, settings.log_level) == ("json", "DEBUG")
+    with pytest.raises(ValueError, match="log_format"):
+        load_settings({"log_format": "xml"})

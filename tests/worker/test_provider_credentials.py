@@ -1,5 +1,6 @@
-"""Provider credentials are added at send time and never stored or logged, on every
-path a send can take (success, not sent, not sendable, lost answer, HTTP errors);
+"""Provider credentials are added at send time and never stored or logged (as text or
+as JSON lines), on every path a send can take (success, not sent, not sendable, lost
+answer, HTTP errors);
 every request carries the call's stable Idempotency-Key and a traceparent."""
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from dispatcher.testing.registries import capability, registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from tests.fixtures.calls import submit_call
-from tests.fixtures.rows import assert_secret_nowhere, call_row, table_dumps
+from tests.fixtures.rows import (
+    assert_no_secret_in_json,
+    assert_secret_nowhere,
+    call_row,
+    table_dumps,
+)
 from tests.fixtures.sandbox import add_fault
 
 pytestmark = pytest.mark.postgres
@@ -106,6 +112,7 @@ async def test_secret_is_sent_but_never_stored_or_logged(
     logging.getLogger("dispatcher.provider").debug("canary")
     assert "canary" in caplog.text, "logging was captured"
     assert SECRET not in caplog.text
+    assert_no_secret_in_json(caplog.records, SECRET)
 
 
 # A fault on the first request, and the status it leaves the call in.
