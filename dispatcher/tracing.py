@@ -20,7 +20,8 @@ The call's trace context is stored with it (``tool_calls.traceparent``, and the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import trace
@@ -30,6 +31,9 @@ import telemetry
 from dispatcher.settings import Settings
 
 tracer = trace.get_tracer("tool_dispatcher")
+
+Trace = tuple[str, str | None] | None
+"""A call's W3C context as stored: ``(traceparent, tracestate)``, or None."""
 
 # The same names as everywhere in the service (events, metrics' labels, logs).
 CALL_ATTRIBUTES = {
@@ -68,3 +72,49 @@ def call_attributes(call: Mapping[str, Any]) -> dict[str, AttributeValue]:
         found["gen_ai.tool.name"] = tool
         found["gen_ai.tool.call.id"] = call["tool_call_id"]
     return found
+
+
+def trace_headers(trace: tuple[str, str | None]) -> dict[str, str]:
+    """The message headers carrying a stored ``(traceparent, tracestate)``."""
+    parent, state = trace
+    return {"traceparent": parent, "tracestate": state} if state else {"traceparent": parent}
+
+
+def submitted_in(headers: Mapping[str, str]) -> Trace:
+    """The context an HTTP submission is stored with: the API's request span when
+    traces are on (the FastAPI instrumentation made it, continuing the producer's
+    ``traceparent``); when off, the producer's own valid ``traceparent``, passed on as
+    it came, so the provider's requests still join the producer's trace."""
+    if telemetry.enabled():
+        return telemetry.current_traceparent()
+    parent = telemetry.parse_traceparent(headers.get("traceparent"))
+    return (parent, headers.get("tracestate") or None) if parent else None
+
+
+def annotate(view: Any, tool_name: str | None = None) -> None:
+    """Put a call's attributes on the current span (an intake span), if it records."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attributes(
+            call_attributes(
+                {
+                    "tool_call_id": view.tool_call_id,
+                    "run_id": view.run_id,
+                    "capability_id": view.capability_id,
+                    "status": view.status,
+                    "tool_name": tool_name,
+                }
+            )
+        )
+
+
+@contextmanager
+def submit_span() -> Iterator[Trace]:
+    """The library submission's span (``tool_dispatcher.submit``, child of the caller's
+    current span) when traces are on, yielding its context; off, the caller's current
+    span's context (an application exporting its own spans), if any."""
+    if not telemetry.enabled():
+        yield telemetry.current_traceparent()
+        return
+    with tracer.start_as_current_span("tool_dispatcher.submit"):
+        yield telemetry.current_traceparent()
