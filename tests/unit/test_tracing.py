@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import telemetry
-from dispatcher.settings import load_settings
+from dispatcher.settings import Settings
 from dispatcher.tracing import call_attributes, trace_headers
 from reconciler.spans import _found
 
@@ -59,7 +59,7 @@ def test_call_attributes_add_the_genai_ones_only_for_an_agent_tool_call() -> Non
 
 
 def test_traces_are_off_by_default_and_none_installs_nothing() -> None:
-    assert load_settings().traces_exporter == "none"
+    assert Settings.model_fields["traces_exporter"].default == "none"
     assert telemetry.install("tool-dispatcher-test", "none") is False
     assert not telemetry.enabled()
 
