@@ -38,10 +38,16 @@ def _exporter(kind: Exporter, endpoint: str | None) -> SpanExporter:
     return OTLPSpanExporter(endpoint=endpoint)
 
 
-def install(service_name: str, exporter: Exporter, endpoint: str | None = None) -> bool:
+def install(
+    service_name: str,
+    exporter: Exporter | SpanExporter,
+    endpoint: str | None = None,
+) -> bool:
     """Install the provider exporting this process's spans as ``service_name``, batched
     (BatchSpanProcessor: spans leave on a thread of their own, never on the event
-    loop). ``"none"`` installs nothing; False then, and the API stays a no-op.
+    loop). ``"none"`` installs nothing; False then, and the API stays a no-op. A
+    :class:`SpanExporter` of the caller's own is used as it is (the benchmarks' own,
+    which drops every span).
 
     ``ValueError`` for ``otlp`` without an endpoint; a second call is refused the same
     way (the API keeps the first provider)."""
@@ -50,8 +56,9 @@ def install(service_name: str, exporter: Exporter, endpoint: str | None = None) 
         return False
     if _installed is not None:
         raise ValueError("a tracer provider is already installed in this process")
+    chosen = exporter if isinstance(exporter, SpanExporter) else _exporter(exporter, endpoint)
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
-    provider.add_span_processor(BatchSpanProcessor(_exporter(exporter, endpoint)))
+    provider.add_span_processor(BatchSpanProcessor(chosen))
     trace.set_tracer_provider(provider)
     _installed = provider
     return True
