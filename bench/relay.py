@@ -1,6 +1,6 @@
 """Benchmark of the outbox relay, next to the ceiling measured in the same run.
 
-    .venv/bin/python -m bench.relay [--database-url URL] [--bootstrap HOST:PORT]
+    .venv/bin/python -m bench.relay [--database-url URL] [--bootstrap HOST:PORT] [--traces]
 
 Prints relay throughput (rows/s over a pre-filled table; 1 and 3 relays) next to a raw
 aiokafka producer and a minimal SKIP LOCKED relay written below, then the
@@ -19,10 +19,14 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 
 import psycopg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+import telemetry
 from dispatcher.db import migrate
 from dispatcher.testing.databases import create_database, drop_database, unique_name
 from dispatcher.testing.embedded import Tansu
@@ -249,6 +253,28 @@ async def latency(url: str, bootstrap: str, rate: int, seconds: float) -> list[f
     return sorted(arrived[i] - committed[i] for i in committed)
 
 
+class _Dropped(SpanExporter):
+    """Takes every span and sends it nowhere: the cost of making and batching spans,
+    without a collector's."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+async def traced_rate(url: str, bootstrap: str, batch: int, n: int, rounds: int) -> float:
+    """The in-process relay's rows/s with traces on (installed for good: run last)."""
+    telemetry.install("bench-relay", _Dropped())
+    runs = []
+    for _ in range(rounds):
+        await fill(url, f"bench-traced-{uuid.uuid4().hex[:8]}", n)
+        await run_in_process(url, bootstrap, batch)
+        runs.append(await publish_rate(url))
+    rate = statistics.median(runs)
+    listed = ", ".join(f"{r:.0f}" for r in runs)
+    print(f"  outbox_relay, 1, traces on   {rate:10.0f} rows/s (median of {listed})", flush=True)
+    return rate
+
+
 def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
@@ -262,6 +288,11 @@ async def main() -> None:
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--latency-seconds", type=float, default=15.0)
     parser.add_argument("--rounds", type=int, default=3, help="runs of each 1-relay variant")
+    parser.add_argument(
+        "--traces",
+        action="store_true",
+        help="then run the in-process relay again with traces on (spans made, then dropped)",
+    )
     args = parser.parse_args()
 
     broker = None
@@ -309,8 +340,11 @@ async def main() -> None:
             f"max {lat[-1] * 1000:.1f} ms "
             f"({len(lat)} rows, mean {statistics.mean(lat) * 1000:.1f} ms)"
         )
+        traced = await traced_rate(url, bootstrap, batch, n, args.rounds) if args.traces else None
         print("ratios")
         print(f"  1 relay / minimal relay      {one / minimal:.2f}   (target >= 0.80)")
+        if traced is not None:
+            print(f"  1 relay traces on / off      {traced / one:.2f}")
         print(f"  1 relay / raw producer       {one / raw:.2f}")
         print(f"  3 relays / 1 relay           {three / one:.2f}")
         print(f"  minimal relay / raw producer {minimal / raw:.2f}")

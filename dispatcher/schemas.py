@@ -148,6 +148,11 @@ class SubmitRequest(BaseModel):
     correlation_id: Identifier | None = None
     causation_id: Identifier | None = None
     reasoning_object_id: Identifier | None = None
+    tool_name: Identifier | None = Field(
+        default=None,
+        description="the agent's tool this call executes (its tool call's id is the"
+        " toolCallId): the call's spans then carry the GenAI tool-execution attributes",
+    )
 
     @field_validator("input")
     @classmethod

@@ -24,6 +24,7 @@ EventLoop = Literal["uvloop", "asyncio"]
 # object per record.
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+TracesExporter = Literal["none", "console", "otlp"]
 ALL_SCOPES: tuple[Scope, ...] = ("submit", "read", "approve", "operate")
 
 
@@ -200,6 +201,15 @@ class Settings(BaseSettings):
     ops_host: str = "127.0.0.1"
 
     approval_sweep_interval_seconds: float = Field(default=30.0, gt=0)
+
+    # OpenTelemetry traces (dispatcher.tracing), off by default: "console" prints spans
+    # (development), "otlp" sends them over OTLP/HTTP to otlp_endpoint (the collector's
+    # traces URL, e.g. http://127.0.0.1:4318/v1/traces). Each process names itself
+    # tool-dispatcher-<process> (service.name). traces_db adds a span per SQL
+    # statement (SQLAlchemy's instrumentation): many per call, so separately opted in.
+    traces_exporter: TracesExporter = "none"
+    otlp_endpoint: str | None = None
+    traces_db: bool = False
 
     relay: RelaySettings = Field(default_factory=RelaySettings)
 

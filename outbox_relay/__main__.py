@@ -16,6 +16,7 @@ from typing import NoReturn
 
 import uvloop
 
+import telemetry
 from outbox_relay import logs
 from outbox_relay.config import RelayConfig
 from outbox_relay.relay import run_relay
@@ -68,6 +69,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-message-bytes", type=int, default=1_048_576)
     p.add_argument("--backoff-max", type=float, default=30.0, help="seconds")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument(
+        "--traces-exporter",
+        default="none",
+        choices=["none", "console", "otlp"],
+        help="export a span per published row (default: none)",
+    )
+    p.add_argument("--otlp-endpoint", help="OTLP/HTTP traces URL (with --traces-exporter otlp)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument(
         "--log-format",
@@ -122,9 +130,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from prometheus_client import start_http_server
 
         start_http_server(args.metrics_port)
-    # uvloop, as every process of tool-dispatcher (dispatcher.runtime, which this
-    # package sits below): the relay's CPU is mostly event-loop and driver bookkeeping.
-    uvloop.run(_serve(config))
+    try:
+        telemetry.install("outbox-relay", args.traces_exporter, args.otlp_endpoint)
+    except ValueError as exc:
+        p.error(str(exc))
+    try:
+        # uvloop, as every process of tool-dispatcher (dispatcher.runtime, which this
+        # package sits below): the relay's CPU is mostly event-loop and driver bookkeeping.
+        uvloop.run(_serve(config))
+    finally:
+        telemetry.shutdown()
     return 0
 
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Self
@@ -51,9 +50,11 @@ from typing import Any, Self
 import psycopg
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from opentelemetry.trace import Span
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+import telemetry
 from outbox_relay import metrics
 from outbox_relay.backoff import Backoff
 from outbox_relay.config import RelayConfig
@@ -63,7 +64,8 @@ from outbox_relay.queries import Queries
 from outbox_relay.retention import purge_batches
 from outbox_relay.schedule import heartbeat_waits, purge_due
 from outbox_relay.settle import NOT_SENT, Outcome, Settlement, settle
-from outbox_relay.wakeup import listen, sleep_unless
+from outbox_relay.spans import end_publish_spans, publish_span
+from outbox_relay.wakeup import listen, sleep_unless, wait_first
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +232,7 @@ class Relay:
             backoff.reset()
             if result.read >= self.config.batch_size:
                 continue
-            await _wait_first(stop.wait(), self._wake.wait(), seconds=self.config.poll_interval)
+            await wait_first(stop.wait(), self._wake.wait(), seconds=self.config.poll_interval)
 
     async def _publish(self, rows: list[OutboxRow]) -> list[Outcome]:
         topics = {t: self.config.kafka_topic(t) for t in {r.topic for r in rows}}
@@ -239,6 +241,8 @@ class Relay:
         pending: list[tuple[int, asyncio.Future[Any]]] = []
         # A key whose earlier row failed sends nothing more in this batch.
         broken: set[str] = set()
+        # Checked once a batch: without an exporter no span is made at all.
+        spans: dict[int, Span] | None = {} if telemetry.enabled() else None
         for i, row in enumerate(rows):
             if row.key in broken:
                 continue
@@ -247,6 +251,8 @@ class Relay:
                 outcomes[i] = bad_topics[topic]
                 broken.add(row.key)
                 continue
+            if spans is not None:
+                spans[i] = publish_span(row, topic)
             try:
                 future = await self._producer.send(
                     topic,
@@ -266,6 +272,8 @@ class Relay:
         acks = await asyncio.gather(*(f for _, f in pending), return_exceptions=True)
         for (i, _), ack in zip(pending, acks, strict=True):
             outcomes[i] = ack if isinstance(ack, BaseException) else None
+        if spans:
+            end_publish_spans(spans, outcomes)
         return outcomes
 
     async def _record(self, conn: Connection, result: Settlement) -> None:
@@ -370,16 +378,6 @@ class Relay:
             if self._blocked_seen.get(dead_id) != n:
                 log.warning("%d row(s) of key %r blocked behind dead letter id %d", n, key, dead_id)
         self._blocked_seen = seen
-
-
-async def _wait_first(*waits: Awaitable[Any], seconds: float) -> None:
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def run_relay(config: RelayConfig, stop: asyncio.Event) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -49,3 +51,15 @@ async def listen(
             log.warning("LISTEN connection lost (%s); polling until it is back", exc)
             if await sleep_unless(stop, retry_delay):
                 return
+
+
+async def wait_first(*waits: Awaitable[Any], seconds: float) -> None:
+    """Until the first of ``waits`` completes, or ``seconds`` pass; the others are
+    cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

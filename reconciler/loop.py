@@ -54,6 +54,7 @@ from reconciler.policy import (
     retry_or_escalate,
 )
 from reconciler.settle import Finding, Retry, Writer
+from reconciler.spans import in_call_span
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,9 @@ class Reconciler:
             )
         if not calls:
             return 0
-        answers = await asyncio.gather(*(about(call, self._look(call)) for call in calls))
+        answers = await asyncio.gather(
+            *(about(c, in_call_span("lookup", self._look, c)) for c in calls)
+        )
         batch = _Batch()
         redispatches: list[tuple[DueCall, Capability, dict[str, Any]]] = []
         compensations: list[tuple[DueCall, Capability, Answer, dict[str, Any]]] = []
@@ -167,14 +170,17 @@ class Reconciler:
                 compensations.append((call, capability, answer, evidence))
             else:
                 self._group(batch, call, capability, answer, verdict, evidence)
-        compensating = [about(c[0], self._compensate(*c)) for c in compensations]
+        compensating = (
+            about(c[0], in_call_span("compensate", self._compensate, *c)) for c in compensations
+        )
         for item in await asyncio.gather(*compensating):
             _put(batch, item)
         await self._record(batch, tally)
         # Each re-send in its own transactions: one that raises leaves its call to the
         # recovery sweep (its lease) or to the next pass, and the others go on.
         outcomes = await asyncio.gather(
-            *(about(r[0], self._redispatch(*r)) for r in redispatches), return_exceptions=True
+            *(about(r[0], in_call_span("redispatch", self._redispatch, *r)) for r in redispatches),
+            return_exceptions=True,
         )
         for (call, _, _), outcome in zip(redispatches, outcomes, strict=True):
             if isinstance(outcome, BaseException):

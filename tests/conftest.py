@@ -14,6 +14,7 @@ pytest_plugins = [
     "tests.fixtures.capabilities",
     "tests.fixtures.api",
     "tests.fixtures.stack",
+    "tests.fixtures.otlp",
     "tests.fixtures.browser",
     "tests.fixtures.metrics",
 ]

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import ASGIApp
 
+import telemetry
 from dispatcher import console
 from dispatcher.api import approvals, escalations, health, openapi, problems, runs, tool_calls
 from dispatcher.api.auth import ApiKeyAuth
@@ -54,6 +55,20 @@ def create_app(
     for resource in (tool_calls, runs, approvals, escalations, health):
         app.include_router(resource.router)
     console.install(app, settings, app.state.auth.keyring)
+    if telemetry.enabled():
+        _instrument(app)
     return RequestTiming(
         BodyLimit(app, settings.max_body_bytes, settings.http_body_timeout_seconds)
+    )
+
+
+def _instrument(app: FastAPI) -> None:
+    """A SERVER span per request, continuing a producer's ``traceparent``: the official
+    instrumentation (its ASGI middleware extracts the context and names the span by
+    route). The ops routes are left out (probes every few seconds), and so are its
+    per-message receive/send spans (two more spans per request that say nothing)."""
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    FastAPIInstrumentor.instrument_app(
+        app, excluded_urls="/healthz,/readyz,/metrics", exclude_spans=["receive", "send"]
     )

@@ -38,6 +38,7 @@ from dispatcher.intake.approvals import approval_ref
 from dispatcher.metrics import INTAKE_SUBMISSIONS
 from dispatcher.schemas import RetryRequest, SubmitRequest, ToolCallView
 from dispatcher.states import SETTLED_STATES
+from dispatcher.tracing import annotate, submitted_in
 from dispatcher.views.queries import tool_call_row
 
 # A long-poll holds a request, not a connection to the database; the cap keeps it
@@ -79,9 +80,11 @@ async def submit_tool_call(
     # Before the body is parsed or anything is written: a flood costs a dict lookup.
     limits.submissions.take(caller.tenant)
     body = parse_body(SubmitRequest, await request.body(), "tool call")
-    submission = await batcher.submit(body, caller.tenant, caller.identity)
+    trace = submitted_in(request.headers)
+    submission = await batcher.submit(body, caller.tenant, caller.identity, trace)
     INTAKE_SUBMISSIONS.labels("created" if submission.created else "replayed").inc()
     view: ToolCallView = submission.view
+    annotate(view, body.tool_name)
     return json_response(
         view.model_dump_json(by_alias=True),
         status=201 if submission.created else 200,

@@ -11,7 +11,8 @@ from importlib.metadata import entry_points
 
 from pydantic import ValidationError
 
-from dispatcher import runtime
+import telemetry
+from dispatcher import runtime, tracing
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.cli import dev, outbox
 from dispatcher.cli.ops_server import process_ops
@@ -25,6 +26,18 @@ from dispatcher.settings import Settings, hash_api_key, load_settings
 # callable taking the subparsers action; the parser it adds sets ``handler``.
 COMMANDS_GROUP = "tool_dispatcher.commands"
 PluginHandler = Callable[[argparse.Namespace, Settings], int]
+
+# The commands that export traces (when the settings turn them on), each with the
+# process name its spans carry (service.name tool-dispatcher-<name>).
+TRACED = {
+    "serve": "api",
+    "worker": "worker",
+    "relay": "relay",
+    "reconcile": "reconciler",
+    "approvals": "approvals",
+    "recover": "recovery",
+    "up": "up",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,9 +72,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The demo's story is its output; the services' own logging would drown it.
     configure_logging(settings, quiet=args.command in ("demo", "api-key"))
     try:
+        if args.command in TRACED:
+            tracing.start(settings, TRACED[args.command])
+    except ValueError as exc:
+        fail(f"bad traces setting: {exc}")
+    try:
         return _run(args, settings)
     except KeyboardInterrupt:
         return 130
+    finally:
+        # The spans still queued leave before the process does (SIGTERM included: every
+        # service stops through its stop event and returns here).
+        telemetry.shutdown()
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:

@@ -76,6 +76,10 @@ tool_calls = Table(
     Column("correlation_id", Text),
     Column("causation_id", Text),
     Column("reasoning_object_id", Text),
+    # The W3C traceparent the call was submitted in (migration 0008), and the agent's
+    # tool it executes when the producer named one.
+    Column("traceparent", Text),
+    Column("tool_name", Text),
     Column("dispatched_at", DateTime(timezone=True)),
     Column("accepted_at", DateTime(timezone=True)),
     Column("completed_at", DateTime(timezone=True)),

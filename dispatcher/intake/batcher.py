@@ -25,6 +25,7 @@ from dispatcher.errors import (
 from dispatcher.intake.service import submit_many
 from dispatcher.schemas import Submission, SubmitRequest
 from dispatcher.settings import Topics
+from dispatcher.tracing import Trace
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class _Pending:
     tenant: str
     submitted_by: str | None
     future: asyncio.Future[Submission]
+    trace: Trace
 
 
 class IntakeBatcher:
@@ -75,11 +77,16 @@ class IntakeBatcher:
                 await task
 
     async def submit(
-        self, request: SubmitRequest, tenant: str, submitted_by: str | None = None
+        self,
+        request: SubmitRequest,
+        tenant: str,
+        submitted_by: str | None = None,
+        trace: Trace = None,
     ) -> Submission:
-        """Queue one submission; answers once the batch holding it committed."""
+        """Queue one submission (``trace``: the context it is stored with); answers
+        once the batch holding it committed."""
         future: asyncio.Future[Submission] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(request, tenant, submitted_by, future))
+        self._queue.put_nowait(_Pending(request, tenant, submitted_by, future, trace))
         # Shielded: a client that hangs up must not cancel a commit in progress; its
         # call is recorded all the same and a replay with its key finds it.
         return await asyncio.shield(future)
@@ -148,6 +155,7 @@ class IntakeBatcher:
                 registry=self._registry,
                 topics=self._topics,
                 submitted_by=[p.submitted_by for p in batch],
+                traces=[p.trace for p in batch],
             )
 
 

@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic_core import PydanticCustomError
 from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from dispatcher.capabilities import Capability, CapabilityRegistry
+from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.tables import runs, tool_calls
 from dispatcher.errors import (
     DispatcherError,
@@ -35,9 +33,8 @@ from dispatcher.errors import (
 )
 from dispatcher.intake.approvals import asked_approval, recorded_approvals
 from dispatcher.intake.keys import default_key, fingerprint
+from dispatcher.intake.plan import Prepared, plan_created
 from dispatcher.intake.statement import write_intake
-from dispatcher.ledger.events import CallContext, EventType, event_message, event_row
-from dispatcher.ledger.messages import DispatchCommand, Producer
 from dispatcher.schemas import (
     KEY_MAX_LENGTH,
     Submission,
@@ -47,23 +44,7 @@ from dispatcher.schemas import (
 )
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus
-
-
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    request: SubmitRequest
-    tenant: str
-    capability: Capability
-    submitted_by: str | None
-    values: dict[str, Any]
-
-    @property
-    def requires_approval(self) -> bool:
-        return self.capability.requires_approval
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.tenant, self.values["idempotency_key"])
+from dispatcher.tracing import Trace, annotate, submit_span
 
 
 async def submit(
@@ -81,16 +62,23 @@ async def submit(
     its outbox row commit or roll back together. Raises a :class:`DispatcherError`
     (nothing written) for an unknown capability, bad input, a reused key or a stopped
     run. ``submitted_by`` names the submitter on the call's approval, if it needs one.
+
+    A ``tool_dispatcher.submit`` span, child of the caller's current span, when this
+    process exports traces; the call joins that trace (without them, the caller's own
+    current span's, if it has one).
     """
-    [outcome] = await submit_many(
-        session,
-        [(request, tenant)],
-        registry=registry,
-        topics=topics,
-        submitted_by=[submitted_by],
-    )
-    if isinstance(outcome, DispatcherError):
-        raise outcome
+    with submit_span() as trace:
+        [outcome] = await submit_many(
+            session,
+            [(request, tenant)],
+            registry=registry,
+            topics=topics,
+            submitted_by=[submitted_by],
+            traces=[trace],
+        )
+        if isinstance(outcome, DispatcherError):
+            raise outcome
+        annotate(outcome.view, request.tool_name)
     return outcome
 
 
@@ -101,18 +89,21 @@ async def submit_many(
     registry: CapabilityRegistry,
     topics: Topics = DEFAULT_TOPICS,
     submitted_by: Sequence[str | None] | None = None,
+    traces: Sequence[Trace] | None = None,
 ) -> list[Submission | DispatcherError]:
     """Record several ``(request, tenant)`` submissions in the caller's transaction.
 
     Each item gets its own outcome: a refused item writes nothing and does not
-    disturb the others. ``submitted_by``, parallel to ``items``, names each submitter.
+    disturb the others. ``submitted_by``, parallel to ``items``, names each submitter;
+    ``traces``, also parallel, the trace context each was submitted in.
     """
     outcomes: list[Submission | DispatcherError | None] = [None] * len(items)
-    prepared: dict[int, _Prepared] = {}
+    prepared: dict[int, Prepared] = {}
     submitters = list(submitted_by) if submitted_by is not None else [None] * len(items)
+    contexts = list(traces) if traces is not None else [None] * len(items)
     for i, (request, tenant) in enumerate(items):
         try:
-            prepared[i] = _prepare(request, tenant, registry, submitters[i])
+            prepared[i] = _prepare(request, tenant, registry, submitters[i], contexts[i])
         except DispatcherError as exc:
             outcomes[i] = exc
 
@@ -124,7 +115,7 @@ async def submit_many(
         # others are answered as replays of it (the statement writes the events of
         # every created call, so it must not see two claims to one row).
         fresh: list[int] = []
-        to_replay: dict[int, _Prepared] = {}
+        to_replay: dict[int, Prepared] = {}
         claimed: set[object] = set()
         for i in order:
             prep = prepared[i]
@@ -139,7 +130,7 @@ async def submit_many(
         messages: list[dict[str, Any]] = []
         approvals: list[dict[str, Any]] = []
         for i in fresh:
-            _plan_created(prepared[i], events, messages, approvals, topics)
+            plan_created(prepared[i], events, messages, approvals, topics)
         inserted = {
             (row["tenant"], row["tool_call_id"]): row
             for row in await write_intake(
@@ -174,8 +165,12 @@ async def submit_many(
 
 
 def _prepare(
-    request: SubmitRequest, tenant: str, registry: CapabilityRegistry, submitted_by: str | None
-) -> _Prepared:
+    request: SubmitRequest,
+    tenant: str,
+    registry: CapabilityRegistry,
+    submitted_by: str | None,
+    trace: Trace = None,
+) -> Prepared:
     capability = registry.get(request.capability_id)
     if not capability.enabled:
         raise ValidationFailed(
@@ -193,11 +188,12 @@ def _prepare(
     status = (
         ExecutionStatus.PROPOSED if capability.requires_approval else ExecutionStatus.AUTHORIZED
     )
-    return _Prepared(
+    return Prepared(
         request=request,
         tenant=tenant,
         capability=capability,
         submitted_by=submitted_by,
+        trace=trace,
         values={
             "tool_call_id": tool_call_id,
             "tenant": tenant,
@@ -211,6 +207,8 @@ def _prepare(
             "correlation_id": request.correlation_id,
             "causation_id": request.causation_id,
             "reasoning_object_id": request.reasoning_object_id,
+            "traceparent": trace[0] if trace else None,
+            "tool_name": request.tool_name,
         },
     )
 
@@ -228,86 +226,8 @@ def _check_derived_key(key: str) -> None:
         ) from None
 
 
-def _plan_created(
-    prep: _Prepared,
-    events: list[dict[str, Any]],
-    messages: list[dict[str, Any]],
-    approvals: list[dict[str, Any]],
-    topics: Topics,
-) -> None:
-    """Append the event, outbox and approval rows that record ``prep`` if it is created."""
-    ctx = CallContext.of(prep.values)
-    call = prep.values["tool_call_id"]
-    new = [
-        event_row(
-            EventType.TOOL_CALL_REQUESTED,
-            ctx,
-            producer=Producer.INTAKE,
-            causation_id=prep.request.causation_id,
-            payload={
-                "idempotencyKey": prep.values["idempotency_key"],
-                "requiresApproval": prep.requires_approval,
-            },
-        )
-    ]
-    if prep.requires_approval:
-        approval = _approval(prep)
-        approvals.append(approval)
-        new.append(
-            event_row(
-                EventType.APPROVAL_REQUIRED,
-                ctx,
-                producer=Producer.INTAKE,
-                causation_id=new[0]["event_id"],
-                payload={
-                    "approvalId": approval["approval_id"],
-                    "risk": approval["risk"],
-                    "expiresAt": approval["expires_at"],
-                },
-            )
-        )
-    else:
-        new.append(
-            event_row(
-                EventType.TOOL_CALL_AUTHORIZED,
-                ctx,
-                producer=Producer.INTAKE,
-                causation_id=new[0]["event_id"],
-                payload={"reason": "no approval required"},
-            )
-        )
-    tenant = prep.tenant
-    messages.extend({**event_message(e, topics), "call_tenant": tenant, "call": call} for e in new)
-    if not prep.requires_approval:
-        command = DispatchCommand.build(
-            prep.values, producer=Producer.INTAKE, causation_id=new[-1]["event_id"]
-        )
-        messages.append({**command.to_outbox_row(topics), "call_tenant": tenant, "call": call})
-    # JSON parameters: the timestamp travels as ISO 8601 text.
-    events.extend({**e, "occurred_at": e["occurred_at"].isoformat()} for e in new)
-
-
-def _approval(prep: _Prepared) -> dict[str, Any]:
-    """The approval row of a call that needs one (JSON parameter values)."""
-    capability = prep.capability
-    # The application's clock: the same instant goes into the row and the event.
-    expires_at = datetime.now(UTC) + timedelta(seconds=capability.approval_ttl_seconds)
-    return {
-        "approval_id": f"apr_{uuid.uuid4().hex}",
-        "tool_call_id": prep.values["tool_call_id"],
-        "tenant": prep.tenant,
-        "run_id": prep.values["run_id"],
-        "capability_id": capability.id,
-        "risk": capability.risk,
-        "input_hash": prep.values["request_fingerprint"],
-        "policy_version": capability.policy_version,
-        "requested_by": prep.submitted_by,
-        "expires_at": expires_at.isoformat(),
-    }
-
-
 async def _replay(
-    session: AsyncSession, items: dict[int, _Prepared]
+    session: AsyncSession, items: dict[int, Prepared]
 ) -> dict[int, Submission | DispatcherError]:
     keys = {prep.key for prep in items.values()}
     stored = {
@@ -358,7 +278,7 @@ async def _replay(
 
 
 async def _legacy_defaults(
-    session: AsyncSession, items: dict[int, _Prepared], stored: dict[Any, Any]
+    session: AsyncSession, items: dict[int, Prepared], stored: dict[Any, Any]
 ) -> dict[tuple[str, str], Any]:
     """Calls stored before default keys were tenant-qualified (migration 0007), keyed
     by their bare toolCallId: a replay without a key still finds its call."""

@@ -25,7 +25,8 @@ _CALL_COLUMNS = {
     "tool_call_id": "text", "tenant": "text", "run_id": "text", "turn_id": "text",
     "capability_id": "text", "input": "jsonb", "idempotency_key": "text",
     "request_fingerprint": "text", "status": "text", "correlation_id": "text",
-    "causation_id": "text", "reasoning_object_id": "text",
+    "causation_id": "text", "reasoning_object_id": "text", "traceparent": "text",
+    "tool_name": "text",
 }  # fmt: skip
 _EVENT_COLUMNS = {
     "event_id": "text", "event_type": "text", "tenant": "text", "run_id": "text",

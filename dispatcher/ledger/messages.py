@@ -60,11 +60,12 @@ def outbox_row(
     payload: dict[str, Any],
     message_id: str | None = None,
     time: datetime | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Outbox row values of one message; ``source`` is its writer's :func:`ce_source`.
     The id (fresh unless given) and time are fixed here, so every re-publish carries
-    the same."""
-    fixed: dict[str, Any] = {}
+    the same. ``headers`` are further message headers (a ``traceparent``)."""
+    fixed: dict[str, Any] = {"headers": dict(headers)} if headers else {}
     if message_id is not None:
         fixed["message_id"] = message_id
     if time is not None:
@@ -109,6 +110,9 @@ class DispatchCommand:
     written before every writer named one."""
     source: str
     """Its ``ce_source``: :func:`ce_source` of its writer."""
+    traceparent: str | None = None
+    """The call's stored trace context (``tool_calls.traceparent``), sent as the
+    message's ``traceparent`` header: the worker's span continues the call's trace."""
 
     @classmethod
     def build(
@@ -120,6 +124,7 @@ class DispatchCommand:
             **{name: call[name] for name in _COMMAND_FIELDS},
             causation_id=causation_id,
             source=ce_source(producer),
+            traceparent=call.get("traceparent"),
         )
 
     def to_outbox_row(self, topics: Topics) -> dict[str, Any]:
@@ -135,6 +140,7 @@ class DispatchCommand:
             type=DISPATCH,
             source=self.source,
             payload=payload,
+            headers={"traceparent": self.traceparent} if self.traceparent else None,
         )
 
     @classmethod

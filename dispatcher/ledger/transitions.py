@@ -297,7 +297,8 @@ MOVED_COLUMNS = [
     for name in (
         "tool_call_id", "tenant", "run_id", "turn_id", "capability_id", "correlation_id",
         "reasoning_object_id", "idempotency_key", "input", "status", "version",
-        "external_request_id", "dispatch_attempts", "reconcile_attempts",
+        "external_request_id", "dispatch_attempts", "reconcile_attempts", "traceparent",
+        "tool_name",
     )
 ]  # fmt: skip
 """What :func:`move_many` returns of each moved row: its identity, the context of its

@@ -78,6 +78,10 @@ class DispatchRequest:
     idempotency_key: str
     input: Mapping[str, Any]
     trace_seed: str
+    traceparent: str | None = None
+    """The call's stored trace context: its requests' ``traceparent`` when no span of
+    this process records one (:mod:`dispatcher.provider.spans` replaces it then);
+    without it, one derived from ``trace_seed``."""
 
 
 class _NotSent(Exception):
@@ -168,7 +172,7 @@ class ProviderClient:
         endpoint = capability.request
         headers = {
             "Idempotency-Key": request.idempotency_key,
-            "traceparent": traceparent(request.trace_seed),
+            "traceparent": request.traceparent or traceparent(request.trace_seed),
             "X-Tool-Call-Id": request.tool_call_id,
         }
         headers.update(credential_headers(self._secrets, capability.id))

@@ -49,6 +49,9 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
+import telemetry
+from dispatcher.provider import spans
+
 
 class NotSent(Exception):
     """Provably no byte of the request was written: safe to send again."""
@@ -200,6 +203,10 @@ class Transport:
                 # A caller's bug, not a transport failure: it is left unclassified.
                 raise RuntimeError("the provider transport is closed")
             self._session = self._open()
+        # Checked once a request: without an exporter no span is made at all.
+        span = spans.client_span(method, target) if telemetry.enabled() else None
+        if span is not None and span.is_recording():
+            headers = {**headers, "traceparent": spans.traceparent_header(span) or ""}
         async with self._slots:
             try:
                 async with self._session.request(
@@ -211,6 +218,13 @@ class Transport:
                     timeout=self._timeout(timeout_seconds),
                 ) as response:
                     content = await response.read()
+                    if span is not None:
+                        spans.answered(span, response.status)
                     return Reply(response.status, response.headers, content)
             except Exception as exc:
+                if span is not None:
+                    spans.failed(span, exc)
                 raise failure(exc) from exc
+            finally:
+                if span is not None:
+                    span.end()

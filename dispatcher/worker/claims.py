@@ -56,6 +56,10 @@ class Claim:
     # Its events' ids (run, turn, ...), as the claim's UPDATE returned them: the outcome's
     # event is built before the outcome's statement, so nothing is read back for it.
     context: CallContext = field(kw_only=True)
+    # The call's stored trace context (tool_calls.traceparent) and agent tool, for its
+    # spans and its provider requests' traceparent.
+    traceparent: str | None = field(default=None, kw_only=True)
+    tool_name: str | None = field(default=None, kw_only=True)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -158,6 +162,8 @@ async def claim_calls(
             row.external_request_id,
             tenant=row.tenant,
             context=CallContext.of(row._mapping),
+            traceparent=row.traceparent,
+            tool_name=row.tool_name,
         )
         for row in rows
     ]

@@ -21,7 +21,10 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import OffsetAndMetadata
+from opentelemetry import trace
+from opentelemetry.trace import Span
 
+import telemetry
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.ledger.messages import DispatchCommand
@@ -31,6 +34,7 @@ from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import Settings
 from dispatcher.topics import ensure_topics_when_reachable
+from dispatcher.worker import spans
 from dispatcher.worker.crashpoints import CrashPoints
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired
@@ -105,7 +109,7 @@ async def run_worker(
             batches = await consumer.getmany(timeout_ms=200)
             observe_lag(consumer, batches)
             if batches:
-                await _process(consumer, batches, executor, known)
+                await _process(consumer, batches, executor, known, settings.worker_group_id)
     finally:
         sweeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -159,9 +163,11 @@ def observe_lag(
             _LAGGING.add(tp.partition)
 
 
-def _commands(records: list[ConsumerRecord[Any, Any]], known: set[str]) -> list[tuple[str, str]]:
-    """The calls the fetched records name, in order; other messages are dropped."""
-    calls = []
+def _commands(
+    records: list[ConsumerRecord[Any, Any]], known: set[str]
+) -> list[tuple[ConsumerRecord[Any, Any], DispatchCommand]]:
+    """The commands the fetched records carry, in order; other messages are dropped."""
+    commands = []
     for record in records:
         command = DispatchCommand.parse(record.value, record.headers)
         if command is None:
@@ -175,8 +181,20 @@ def _commands(records: list[ConsumerRecord[Any, Any]], known: set[str]) -> list[
         if command.capability_id not in known:
             # Its call stays authorized: no claim is taken for an unknown capability.
             log.error("call %s names an unregistered capability", command.tool_call_id)
-        calls.append((command.tenant, command.tool_call_id))
-    return calls
+        commands.append((record, command))
+    return commands
+
+
+def _spans(
+    commands: list[tuple[ConsumerRecord[Any, Any], DispatchCommand]], group: str
+) -> dict[tuple[str, str], Span]:
+    """A consume span per call of the batch (a call's repeated command adds none)."""
+    found: dict[tuple[str, str], Span] = {}
+    for record, command in commands:
+        key = (command.tenant, command.tool_call_id)
+        if key not in found:
+            found[key] = spans.consume_span(record, command, group)
+    return found
 
 
 async def _process(
@@ -184,12 +202,19 @@ async def _process(
     batches: dict[TopicPartition, list[ConsumerRecord[Any, Any]]],
     executor: Executor,
     known: set[str],
+    group: str = "",
 ) -> None:
     """Execute every fetched command as one batch, then commit all offsets at once."""
     records = [r for rs in batches.values() for r in rs]
+    commands = _commands(records, known)
+    traced = _spans(commands, group) if telemetry.enabled() else {}
+    parents = {key: trace.set_span_in_context(span) for key, span in traced.items()}
     try:
-        await executor.execute_many(_commands(records, known))
-    except Exception:  # the database did not take the batch: replay it
+        statuses = await executor.execute_many(
+            [(c.tenant, c.tool_call_id) for _, c in commands], parents
+        )
+    except Exception as exc:  # the database did not take the batch: replay it
+        spans.end_consume_spans(traced, {}, exc)
         log.exception("batch of %d commands failed; replaying it", len(records))
         # Each partition from its first record; commands that did succeed are then
         # dropped by their state.
@@ -197,6 +222,7 @@ async def _process(
             consumer.seek(tp, rs[0].offset)
         await asyncio.sleep(1.0)
         return
+    spans.end_consume_spans(traced, statuses)
     await commit_recorded(
         consumer, {tp: OffsetAndMetadata(rs[-1].offset + 1, "") for tp, rs in batches.items()}
     )

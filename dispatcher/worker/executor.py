@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from opentelemetry.context import Context
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+import telemetry
 from dispatcher.capabilities import Capability, CapabilityRegistry
 from dispatcher.errors import TransitionConflict
 from dispatcher.ledger.events import EventType
@@ -38,6 +40,7 @@ from dispatcher.provider.client import (
 )
 from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.worker import spans
 from dispatcher.worker.claims import Claim, claim_calls, lease_seconds
 from dispatcher.worker.crashpoints import CrashPoints
 from dispatcher.worker.outcomes import OutcomeRecorder, Sent
@@ -86,15 +89,18 @@ class Executor:
         None when the command was a duplicate or another worker got there first."""
         return (await self.execute_many([(tenant, tool_call_id)])).get((tenant, tool_call_id))
 
-    async def execute_many(self, calls: Iterable[CallKey]) -> dict[CallKey, S | None]:
+    async def execute_many(
+        self, calls: Iterable[CallKey], parents: Mapping[CallKey, Context] | None = None
+    ) -> dict[CallKey, S | None]:
         """Run every named call (``(tenant, tool_call_id)``) that is still
         ``authorized``: one claim transaction, the requests concurrently, one record
         transaction. Calls that were not claimed (duplicates, already claimed or
-        recorded) are absent from the result."""
+        recorded) are absent from the result. ``parents``: the trace context each
+        call's provider requests start in (its command's span)."""
         claims = await self.claim_many(calls)
         if not claims:
             return {}
-        return await self.run_many(claims)
+        return await self.run_many(claims, parents)
 
     async def claim(self, tool_call_id: str, tenant: str) -> Claim | None:
         """Point A for one call: ``authorized -> dispatching`` under this worker's
@@ -172,7 +178,9 @@ class Executor:
         """Send a claimed call (its lease committed) and record the outcome."""
         return (await self.run_many([claim])).get(claim.key)
 
-    async def run_many(self, claims: Sequence[Claim]) -> dict[CallKey, S | None]:
+    async def run_many(
+        self, claims: Sequence[Claim], parents: Mapping[CallKey, Context] | None = None
+    ) -> dict[CallKey, S | None]:
         """Send claimed calls (their leases committed) concurrently, then record every
         outcome in one transaction. None: not sent (lease lapsed) or not recorded
         (lease lost)."""
@@ -187,24 +195,32 @@ class Executor:
                 statuses[claim.key] = None
             else:
                 live.append(claim)
-        outcomes = await asyncio.gather(*(self._send(claim) for claim in live))
+        parents = parents or {}
+        outcomes = await asyncio.gather(
+            *(self._send(claim, parents.get(claim.key)) for claim in live)
+        )
         self._crash.hit("after-send")
         statuses.update(await self.record_many(list(map(Sent, live, outcomes))))
         self._crash.hit("after-record")
         return statuses
 
-    async def _send(self, claim: Claim) -> ProviderOutcome:
+    async def _send(self, claim: Claim, parent: Context | None = None) -> ProviderOutcome:
         """One call's outcome, whatever goes wrong with it: an error of one call must
         not discard the outcomes of the others in its batch (they are recorded
-        together). Timed and counted per capability, whatever the outcome. Its own task
-        (gathered), so its log context is this call's alone."""
+        together). Timed and counted per capability, whatever the outcome; sent in
+        the call's trace when this process exports one. Its own task (gathered), so its
+        log context is this call's alone."""
         started = time.monotonic()
         with log_context(
             tool_call_id=claim.tool_call_id,
             run_id=claim.context.run_id,
             capability_id=claim.capability.id,
         ):
-            outcome = await self._dispatch(claim)
+            if telemetry.enabled():
+                with spans.sending(claim, parent):
+                    outcome = await self._dispatch(claim)
+            else:
+                outcome = await self._dispatch(claim)
         capability = claim.capability.id
         DISPATCH_SECONDS.labels(capability).observe(time.monotonic() - started)
         DISPATCH_OUTCOMES.labels(capability, outcome.kind.value).inc()
@@ -219,6 +235,7 @@ class Executor:
                     claim.idempotency_key,
                     claim.input,
                     trace_seed=claim.correlation_id or claim.tool_call_id,
+                    traceparent=claim.traceparent,
                 ),
             )
         except Exception as exc:

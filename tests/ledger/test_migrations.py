@@ -91,7 +91,7 @@ def test_0007_keys_calls_per_tenant_and_keeps_every_stored_row(empty_database_ur
         )
     before = _snapshot(url)
 
-    migrate.upgrade(url)
+    migrate.upgrade(url, "0007")
     assert _snapshot(url) == before
     with psycopg.connect(url) as conn:
         # Another tenant may now hold the same toolCallId, with its own approval and

@@ -235,10 +235,24 @@ async def test_reverse_refusals(client: httpx.AsyncClient) -> None:
     assert (await effects(client))["reversals"] == {}
 
 
+async def test_each_requests_traceparent_is_kept_by_key(client: httpx.AsyncClient) -> None:
+    first, second = (f"00-{'a' * 32}-{c * 16}-01" for c in "bc")
+    await post(client, "traced", {}, traceparent=first)
+    await post(client, "traced", {}, traceparent=second)
+    await post(client, "untraced", {})
+    assert (await effects(client))["traceparents"] == {"traced": [first, second]}
+
+
 async def test_reset_forgets_everything(client: httpx.AsyncClient) -> None:
-    await post(client, "gone", {})
+    await post(client, "gone", {}, traceparent=f"00-{'a' * 32}-{'b' * 16}-01")
     assert (await client.post("/v1/reset")).status_code == 200
-    assert await effects(client) == {"effects": {}, "reversals": {}, "received": {}, "total": 0}
+    assert await effects(client) == {
+        "effects": {},
+        "reversals": {},
+        "received": {},
+        "traceparents": {},
+        "total": 0,
+    }
     again = await post(client, "gone", {"other": True})
     assert again.status_code == 200  # the key is free again
 

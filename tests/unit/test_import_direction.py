@@ -53,6 +53,7 @@ def top_level_imports(package: str) -> dict[str, set[str]]:
     [
         ("outbox_relay", {"dispatcher", "reconciler"}),
         ("dispatcher", {"reconciler"}),
+        ("telemetry", {"dispatcher", "reconciler", "outbox_relay"}),
     ],
 )
 def test_package_does_not_import_upstream(package: str, forbidden: set[str]) -> None:

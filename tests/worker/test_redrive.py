@@ -225,3 +225,25 @@ async def test_a_call_whose_command_cannot_be_built_does_not_hold_back_the_other
     assert sorted(redriven) == sorted([calls[0], calls[2]])
     assert [await dispatch_rows(sessions, call) for call in calls] == [2, 1, 2]
     assert (await call_row(sessions, bad))["status"] == "authorized"  # due at the next sweep
+
+
+async def test_a_redriven_command_carries_the_calls_stored_trace_context(
+    sessions: async_sessionmaker[AsyncSession], registry: CapabilityRegistry
+) -> None:
+    """The worker's span continues the message's context: a re-driven command names the
+    call's stored one, so the re-sent call stays in its trace."""
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    call = await submit_call(sessions, registry, "refund", {"orderId": "o-traced"})
+    async with sessions() as session, session.begin():
+        await session.execute(update(tool_calls).values(traceparent=parent))
+    await lose_commands(sessions, age=120)
+    assert await redrive(sessions) == [call]
+    async with sessions() as session:
+        headers = (
+            await session.execute(
+                select(outbox.c.headers)
+                .where(outbox.c.key == call, outbox.c.topic == TOPIC)
+                .order_by(outbox.c.id)
+            )
+        ).scalars()
+    assert [h.get("traceparent") for h in headers] == [None, parent]

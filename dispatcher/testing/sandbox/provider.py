@@ -23,7 +23,7 @@ Contract (JSON bodies; errors are ``{"code": ..., "detail": ...}``):
 from __future__ import annotations
 
 import json
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +85,8 @@ class Provider:
         # HTTP requests received per key since start (or reset), faulted ones included:
         # traffic to this process, so kept here rather than in the durable store.
         self.received: Counter[str] = Counter()
+        # The traceparent of each of those requests, in order (the trace tests).
+        self.traceparents: defaultdict[str, list[str]] = defaultdict(list)
 
     @staticmethod
     def key_of(incoming: Incoming) -> str | None:
@@ -101,6 +103,9 @@ class Provider:
         key = self.key_of(incoming)
         if key:
             self.received[key] += 1
+            parent = incoming.headers.get("traceparent")
+            if parent is not None:
+                self.traceparents[key].append(parent)
         header = incoming.headers.get(FAULT_HEADER)
         if header is not None:
             return parse_header(header)
@@ -185,6 +190,7 @@ class Provider:
                     "effects": counts.effects,
                     "reversals": counts.reversals,
                     "received": dict(self.received),
+                    "traceparents": dict(self.traceparents),
                     "total": sum(counts.effects.values()),
                 },
             )
@@ -192,6 +198,7 @@ class Provider:
             await self.store.reset()
             self.faults.clear()
             self.received.clear()
+            self.traceparents.clear()
             return json_reply(200, {"reset": True})
         if route == ("GET", "/v1/faults"):
             return self._rules()

@@ -1,0 +1,119 @@
+"""What a created call writes besides its row: its first events, their outbox rows, its
+dispatch command or its approval (:func:`plan_created`), planned before the one intake
+statement (:mod:`dispatcher.intake.statement`) writes them all."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from dispatcher.capabilities import Capability
+from dispatcher.ledger.events import CallContext, EventType, event_message, event_row
+from dispatcher.ledger.messages import DispatchCommand, Producer
+from dispatcher.schemas import SubmitRequest
+from dispatcher.settings import Topics
+from dispatcher.tracing import Trace, trace_headers
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    request: SubmitRequest
+    tenant: str
+    capability: Capability
+    submitted_by: str | None
+    values: dict[str, Any]
+    trace: Trace = None
+
+    @property
+    def requires_approval(self) -> bool:
+        return self.capability.requires_approval
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.tenant, self.values["idempotency_key"])
+
+
+def plan_created(
+    prep: Prepared,
+    events: list[dict[str, Any]],
+    messages: list[dict[str, Any]],
+    approvals: list[dict[str, Any]],
+    topics: Topics,
+) -> None:
+    """Append the event, outbox and approval rows that record ``prep`` if it is created."""
+    ctx = CallContext.of(prep.values)
+    call = prep.values["tool_call_id"]
+    new = [
+        event_row(
+            EventType.TOOL_CALL_REQUESTED,
+            ctx,
+            producer=Producer.INTAKE,
+            causation_id=prep.request.causation_id,
+            payload={
+                "idempotencyKey": prep.values["idempotency_key"],
+                "requiresApproval": prep.requires_approval,
+            },
+        )
+    ]
+    if prep.requires_approval:
+        approval = _approval(prep)
+        approvals.append(approval)
+        new.append(
+            event_row(
+                EventType.APPROVAL_REQUIRED,
+                ctx,
+                producer=Producer.INTAKE,
+                causation_id=new[0]["event_id"],
+                payload={
+                    "approvalId": approval["approval_id"],
+                    "risk": approval["risk"],
+                    "expiresAt": approval["expires_at"],
+                },
+            )
+        )
+    else:
+        new.append(
+            event_row(
+                EventType.TOOL_CALL_AUTHORIZED,
+                ctx,
+                producer=Producer.INTAKE,
+                causation_id=new[0]["event_id"],
+                payload={"reason": "no approval required"},
+            )
+        )
+    tenant = prep.tenant
+    rows = [event_message(e, topics) for e in new]
+    if not prep.requires_approval:
+        command = DispatchCommand.build(
+            prep.values, producer=Producer.INTAKE, causation_id=new[-1]["event_id"]
+        )
+        rows.append(command.to_outbox_row(topics))
+    if prep.trace is not None:
+        # Every message of the submission carries its context (the relay copies row
+        # headers to the Kafka message), the dispatch command's consumer continues it.
+        for row in rows:
+            row["headers"].update(trace_headers(prep.trace))
+    messages.extend({**row, "call_tenant": tenant, "call": call} for row in rows)
+    # JSON parameters: the timestamp travels as ISO 8601 text.
+    events.extend({**e, "occurred_at": e["occurred_at"].isoformat()} for e in new)
+
+
+def _approval(prep: Prepared) -> dict[str, Any]:
+    """The approval row of a call that needs one (JSON parameter values)."""
+    capability = prep.capability
+    # The application's clock: the same instant goes into the row and the event.
+    expires_at = datetime.now(UTC) + timedelta(seconds=capability.approval_ttl_seconds)
+    return {
+        "approval_id": f"apr_{uuid.uuid4().hex}",
+        "tool_call_id": prep.values["tool_call_id"],
+        "tenant": prep.tenant,
+        "run_id": prep.values["run_id"],
+        "capability_id": capability.id,
+        "risk": capability.risk,
+        "input_hash": prep.values["request_fingerprint"],
+        "policy_version": capability.policy_version,
+        "requested_by": prep.submitted_by,
+        "expires_at": expires_at.isoformat(),
+    }
