@@ -49,7 +49,6 @@ class DueCall:
     age_seconds: float
     compensation_requested: bool
     last_error: str | None
-    run_id: str | None = None
     traceparent: str | None = None
     """The call's stored trace context: the reconciler's spans join the call's trace."""
 
@@ -134,7 +133,6 @@ async def claim_due(
             _age().label("age_seconds"),
             tool_calls.c.compensation_requested_at.is_not(None).label("compensation_requested"),
             tool_calls.c.last_error,
-            tool_calls.c.run_id,
             tool_calls.c.traceparent,
         )
     )
@@ -153,7 +151,6 @@ async def claim_due(
             age_seconds=float(r.age_seconds),
             compensation_requested=bool(r.compensation_requested),
             last_error=r.last_error,
-            run_id=r.run_id,
             traceparent=r.traceparent,
         )
         for r in rows

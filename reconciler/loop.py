@@ -35,7 +35,7 @@ from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.worker.executor import Executor
 from reconciler import metrics
-from reconciler.due import DueCall, about, claim_due, database_now
+from reconciler.due import DueCall, claim_due, database_now
 from reconciler.lookup import (
     Answer,
     CompensationAnswer,
@@ -54,7 +54,7 @@ from reconciler.policy import (
     retry_or_escalate,
 )
 from reconciler.settle import Finding, Retry, Writer
-from reconciler.spans import in_call_span
+from reconciler.spans import for_call
 
 log = logging.getLogger(__name__)
 
@@ -150,9 +150,7 @@ class Reconciler:
             )
         if not calls:
             return 0
-        answers = await asyncio.gather(
-            *(about(c, in_call_span("lookup", self._look, c)) for c in calls)
-        )
+        answers = await asyncio.gather(*(for_call("lookup", self._look, c) for c in calls))
         batch = _Batch()
         redispatches: list[tuple[DueCall, Capability, dict[str, Any]]] = []
         compensations: list[tuple[DueCall, Capability, Answer, dict[str, Any]]] = []
@@ -170,16 +168,14 @@ class Reconciler:
                 compensations.append((call, capability, answer, evidence))
             else:
                 self._group(batch, call, capability, answer, verdict, evidence)
-        compensating = (
-            about(c[0], in_call_span("compensate", self._compensate, *c)) for c in compensations
-        )
+        compensating = (for_call("compensate", self._compensate, *c) for c in compensations)
         for item in await asyncio.gather(*compensating):
             _put(batch, item)
         await self._record(batch, tally)
         # Each re-send in its own transactions: one that raises leaves its call to the
         # recovery sweep (its lease) or to the next pass, and the others go on.
         outcomes = await asyncio.gather(
-            *(about(r[0], in_call_span("redispatch", self._redispatch, *r)) for r in redispatches),
+            *(for_call("redispatch", self._redispatch, *r) for r in redispatches),
             return_exceptions=True,
         )
         for (call, _, _), outcome in zip(redispatches, outcomes, strict=True):

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import telemetry
 from dispatcher.tracing import call_attributes, tracer
-from reconciler.due import DueCall
+from reconciler.due import DueCall, about
 
 T = TypeVar("T")
 
@@ -61,3 +61,9 @@ def _found(result: object) -> str | None:
         if observation is not None:
             return str(observation.value)
     return None
+
+
+async def for_call(step: str, work: Callable[..., Awaitable[T]], call: DueCall, *args: Any) -> T:
+    """``work(call, *args)`` in its call's span (:func:`in_call_span`), with the call's
+    ids on every log line it writes (:func:`reconciler.due.about`)."""
+    return await about(call, in_call_span(step, work, call, *args))

@@ -88,9 +88,12 @@ class RoutedMove:
     context: CallContext
 
 
-RETURNED = [tool_calls.c[name] for name in ("tenant", "tool_call_id", "status", "version")]
+RETURNED = [
+    tool_calls.c[name] for name in ("tenant", "tool_call_id", "status", "version", "traceparent")
+]
 """What :func:`move_each` reads back of a moved call: its key, the status the UPDATE
-chose and the version it left; its caller has the rest."""
+chose, the version it left and its stored trace (for its transition line); its caller
+has the rest."""
 
 
 def _check(

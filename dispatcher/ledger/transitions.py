@@ -164,7 +164,8 @@ def count_moves(sources: Sequence[ExecutionStatus], moved: Iterable[tuple[str, s
 
 def log_moves(sources: Sequence[ExecutionStatus], moved: Sequence[Moved]) -> None:
     """One INFO line per moved call on the ``tool_dispatcher.transitions`` logger, with
-    ``from``, ``to``, ``tenant``, ``tool_call_id``, ``run_id`` and ``capability_id``.
+    ``from``, ``to``, ``tenant``, the call's ids and its stored trace's ``trace_id`` (a
+    batch moves outside any one call's span, yet each line joins its call's trace).
 
     Where the moves are counted (:func:`count_moves`), with the same caveat: a line
     is written when the statement returned the row, before its transaction commits.
@@ -177,6 +178,7 @@ def log_moves(sources: Sequence[ExecutionStatus], moved: Sequence[Moved]) -> Non
     for m in moved:
         e = m.event
         to = e["payload"]["to"]
+        stored = getattr(m.row, "traceparent", None)  # "00-<trace id>-<span id>-<flags>"
         _transitions.info(
             "tool call %s (%s): %s -> %s",
             e["tool_call_id"],
@@ -190,6 +192,7 @@ def log_moves(sources: Sequence[ExecutionStatus], moved: Sequence[Moved]) -> Non
                 "tool_call_id": e["tool_call_id"],
                 "run_id": e["run_id"],
                 "capability_id": e["capability_id"],
+                "trace_id": stored[3:35] if stored else None,
             },
         )
 

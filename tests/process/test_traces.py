@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from typing import Any
 
 import httpx
@@ -24,6 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.db.tables import tool_calls
+from dispatcher.logs import TRANSITIONS_LOGGER
 from dispatcher.provider.client import traceparent
 from dispatcher.testing.embedded import free_port, wait_for_port
 from dispatcher.testing.registries import capability, registry_of
@@ -60,13 +62,12 @@ def _stack(make_stack: MakeStack, sandbox: SandboxServer, **settings: Any) -> Pr
     return stack
 
 
-async def _start(stack: ProcessStack, *commands: str) -> None:
+async def _start(stack: ProcessStack, *commands: str) -> dict[str, subprocess.Popen[bytes]]:
     stack.start("serve")
     await asyncio.to_thread(
         wait_for_port, "127.0.0.1", int(stack.env["TOOL_DISPATCHER_HTTP_PORT"]), timeout=60
     )
-    for command in commands:
-        stack.start(command)
+    return {command: stack.start(command) for command in commands}
 
 
 async def _submit(stack: ProcessStack, key: str, headers: dict[str, str] | None = None) -> str:
@@ -95,6 +96,10 @@ async def _status_is(sessions: async_sessionmaker[AsyncSession], call: str, stat
     return found == status
 
 
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.split("\n") if line.startswith("{")]
+
+
 def _one(spans: list[ReceivedSpan], service: str, kind: str, name: str = "") -> ReceivedSpan:
     found = [
         s for s in spans if s.service == service and s.kind == kind and s.name.startswith(name)
@@ -109,13 +114,15 @@ async def test_one_trace_from_the_producer_to_the_reconciler(
     otlp: OtlpReceiver,
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
-    stack = _stack(make_stack, sandbox, traces_exporter="otlp", otlp_endpoint=otlp.url)
+    stack = _stack(
+        make_stack, sandbox, traces_exporter="otlp", otlp_endpoint=otlp.url, log_format="json"
+    )
     key = "refund:traced-1"
     await add_fault(
         sandbox.url,
         {"kind": "drop_after_apply", "idempotencyKey": key, "method": "POST", "times": 1},
     )
-    await _start(stack, "relay", "worker", "reconcile")
+    processes = await _start(stack, "relay", "worker", "reconcile")
     call = await _submit(stack, key, {"traceparent": PRODUCER_TRACEPARENT})
     await eventually(
         lambda: _status_is(sessions, call, "confirmed"), within=90, what="the reconciler"
@@ -168,6 +175,17 @@ async def test_one_trace_from_the_producer_to_the_reconciler(
     # The provider saw the client spans' own traceparents: the send's, then the lookup's.
     sent = (await books(sandbox.url))["traceparents"][key]
     assert sent == [f"00-{PRODUCER_TRACE}-{s.span_id}-01" for s in (client, asked)]
+
+    # The JSON log lines of the call's transitions are in the same trace: the worker's
+    # (authorized -> dispatching -> result_unknown) and the reconciler's settling.
+    for name, moves in (("worker", 2), ("reconcile", 1)):
+        lines = [
+            line
+            for line in _json_lines(stack.log_of(processes[name]))
+            if line["logger"] == TRANSITIONS_LOGGER and line.get("tool_call_id") == call
+        ]
+        assert len(lines) >= moves, (name, lines)
+        assert {line.get("trace_id") for line in lines} == {PRODUCER_TRACE}, (name, lines)
 
     texts = {str(v) for s in otlp.spans for v in s.attributes.values()} | otlp.resource_texts
     texts |= {s.name for s in otlp.spans}
