@@ -18,6 +18,7 @@ from dispatcher.cli import dev, outbox
 from dispatcher.cli.ops_server import process_ops
 from dispatcher.cli.parsing import OneLineArgumentParser, fail, require_registry, until_signal
 from dispatcher.db import migrate
+from dispatcher.db.errors import DbErrorClass, classify
 from dispatcher.logs import configure_logging
 from dispatcher.settings import Settings, hash_api_key, load_settings
 
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("migrate", help="apply (or revert) schema migrations")
     m.add_argument("--revision", default="head")
     m.add_argument("--downgrade", action="store_true", help="revert to --revision (e.g. base)")
+    m.add_argument(
+        "--check", action="store_true", help="exit 0 if the schema is at head, 1 if not; no change"
+    )
     sub.add_parser("serve", help="serve the HTTP API (needs a configured database)")
     sub.add_parser("worker", help="consume dispatch commands and call providers")
     sub.add_parser("relay", help="publish outbox rows to Kafka")
@@ -96,6 +100,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         return dev.run(args, settings)
     if settings.database_url is None:
         fail("TOOL_DISPATCHER_DATABASE_URL is not set (or use `tool-dispatcher up`)")
+    if args.command == "migrate" and args.check:
+        return _migrate_check(settings.database_url)
     if args.command == "migrate":
         action = migrate.downgrade if args.downgrade else migrate.upgrade
         action(settings.database_url, args.revision)
@@ -160,6 +166,20 @@ async def _recover_once(settings: Settings, registry: CapabilityRegistry) -> int
         f"recovered {report.total}: {len(report.redispatched)} re-dispatched, "
         f"{len(report.marked_unknown)} marked result_unknown"
     )
+    return 0
+
+
+def _migrate_check(database_url: str) -> int:
+    """The init containers' gate: pods wait (exit 1, one line) until the schema is at
+    head, so no process runs against a schema older than its code."""
+    try:
+        current, head = migrate.pending(database_url)
+    except Exception as exc:
+        if classify(exc) is not DbErrorClass.UNAVAILABLE:
+            raise
+        fail(f"cannot reach the database: {type(exc).__name__}", 1)
+    if current != head:
+        fail(f"the schema is at {current or 'no revision'}, not at head {head}", 1)
     return 0
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, pool
 
 from dispatcher.settings import to_sqlalchemy_url
@@ -38,6 +41,22 @@ def upgrade(database_url: str, revision: str = "head") -> None:
 
 def downgrade(database_url: str, revision: str = "base") -> None:
     _run(database_url, "downgrade", revision)
+
+
+def pending(database_url: str) -> tuple[str | None, str | None]:
+    """The database's revision and the head, read without changing anything (a database
+    with no ``alembic_version`` table is at ``None``)."""
+    # A check is a gate run before every pod starts: its answer is its exit code (and a
+    # line when it says no), not Alembic's chatter about its dialect.
+    logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
+    head = ScriptDirectory.from_config(alembic_config(database_url)).get_current_head()
+    engine = create_engine(to_sqlalchemy_url(database_url), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            current = MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()
+    return current, head
 
 
 async def upgrade_async(database_url: str, revision: str = "head") -> None:

@@ -104,3 +104,51 @@ def test_api_key_prints_a_key_and_the_settings_line_of_its_hash() -> None:
 def test_api_key_is_new_every_time() -> None:
     first, second = run_cli("api-key"), run_cli("api-key")
     assert first.stdout.splitlines()[0] != second.stdout.splitlines()[0]
+
+
+def assert_check_fails(result: subprocess.CompletedProcess[str], says: str) -> None:
+    assert result.returncode == 1, result
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("tool-dispatcher: error: ") and says in lines[0]
+
+
+@pytest.mark.postgres
+def test_migrate_check_refuses_an_empty_database_and_changes_nothing(
+    empty_database_url: str,
+) -> None:
+    result = run_cli("migrate", "--check", TOOL_DISPATCHER_DATABASE_URL=empty_database_url)
+
+    assert_check_fails(result, "not at head")
+    with psycopg.connect(empty_database_url) as conn:
+        tables = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        assert tables.fetchall() == []
+
+
+@pytest.mark.postgres
+def test_migrate_check_passes_once_migrated(empty_database_url: str) -> None:
+    env = {"TOOL_DISPATCHER_DATABASE_URL": empty_database_url}
+    assert run_cli("migrate", **env).returncode == 0
+
+    result = run_cli("migrate", "--check", **env)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+
+
+@pytest.mark.postgres
+def test_migrate_check_refuses_a_database_one_revision_behind(empty_database_url: str) -> None:
+    env = {"TOOL_DISPATCHER_DATABASE_URL": empty_database_url}
+    assert run_cli("migrate", **env).returncode == 0
+    assert run_cli("migrate", "--downgrade", "--revision", "-1", **env).returncode == 0
+
+    assert_check_fails(run_cli("migrate", "--check", **env), "not at head")
+
+
+def test_migrate_check_on_an_unreachable_database_is_one_line() -> None:
+    result = run_cli(
+        "migrate", "--check", TOOL_DISPATCHER_DATABASE_URL="postgresql://nobody@127.0.0.1:1/none"
+    )
+
+    assert_check_fails(result, "cannot reach the database")
