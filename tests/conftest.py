@@ -33,6 +33,7 @@ FOLDERS = (
     "client",
     "process",
     "console",
+    "deploy",
 )
 # Fixtures that reach a server outside the test's own process.
 SERVICES = {"pg_server_url", "kafka_bootstrap"}
