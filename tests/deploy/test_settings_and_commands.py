@@ -1,0 +1,181 @@
+"""What the manifests tell the processes is what the processes read: every
+``TOOL_DISPATCHER_*`` name is a field of Settings, every container's args parse with
+the real command line (plugins included), every probe is on the port that process
+serves, and the pieces the manifests name (topics, the capability file, the alert
+rules) are the service's own."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml  # type: ignore[import-untyped]  # no stubs installed; read as Any
+
+from dispatcher.capabilities import load_registry
+from dispatcher.cli.main import build_parser
+from dispatcher.ops import DEFAULT_PORTS
+from dispatcher.settings import DEFAULT_TOPICS, RelaySettings, Settings
+from tests.deploy.manifests import (
+    DEPLOY,
+    KUSTOMIZE,
+    OVERLAYS,
+    Manifest,
+    containers,
+    pod_specs,
+    render,
+)
+
+PREFIX = "TOOL_DISPATCHER_"
+# The port each process serves its probes on (the API on http_port, the others on
+# their kind's ops port), by its subcommand.
+PROBE_PORTS = {
+    "serve": Settings().http_port,
+    "worker": DEFAULT_PORTS["worker"],
+    "relay": DEFAULT_PORTS["relay"],
+    "reconcile": DEFAULT_PORTS["reconciler"],
+    "approvals": DEFAULT_PORTS["approvals"],
+}
+
+
+def is_setting(name: str) -> bool:
+    field, _, nested = name.removeprefix(PREFIX).lower().partition("__")
+    if field not in Settings.model_fields:
+        return False
+    return not nested or (field == "relay" and nested in RelaySettings.model_fields)
+
+
+def setting_names(docs: list[Manifest]) -> set[str]:
+    """Every TOOL_DISPATCHER_* name: a container's env, and a ConfigMap's keys."""
+    names: set[str] = set()
+    for doc in docs:
+        if doc["kind"] == "ConfigMap":
+            names |= {k for k in doc.get("data", {}) if k.startswith(PREFIX)}
+    for _, spec in pod_specs(docs):
+        for container in containers(spec):
+            names |= {e["name"] for e in container.get("env", [])}
+    return names
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_setting_name_is_a_field_of_settings(overlay: str) -> None:
+    names = setting_names(render(overlay))
+
+    assert "TOOL_DISPATCHER_DATABASE_URL" in names
+    assert sorted(n for n in names if not is_setting(n)) == []
+
+
+def test_a_misspelt_name_is_no_setting() -> None:
+    assert is_setting("TOOL_DISPATCHER_RELAY__BATCH_SIZE")
+    assert not is_setting("TOOL_DISPATCHER_DATABASE_URI")
+    assert not is_setting("TOOL_DISPATCHER_RELAY__BATCH")
+
+
+def parse(args: list[str]) -> argparse.Namespace | str:
+    """The parsed args, or the parser's one-line complaint."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return build_parser().parse_args(args)
+    except SystemExit:
+        return err.getvalue().strip()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_runs_a_real_subcommand(overlay: str) -> None:
+    bad: dict[str, Any] = {}
+    for where, spec in pod_specs(render(overlay)):
+        for container in containers(spec):
+            assert "command" not in container, f"{where}: the image's entrypoint is the CLI"
+            parsed = parse(container["args"])
+            if isinstance(parsed, str):
+                bad[f"{where}/{container['name']}"] = parsed
+    assert bad == {}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_waits_for_the_schema(overlay: str) -> None:
+    for where, spec in pod_specs(render(overlay)):
+        first = spec["containers"][0]["args"]
+        inits = [c["args"] for c in spec.get("initContainers", [])]
+        expected = [] if first == ["migrate"] else [["migrate", "--check"]]
+        assert inits == expected, where
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_probe_is_on_the_port_its_process_serves(overlay: str) -> None:
+    probed = set()
+    for where, spec in pod_specs(render(overlay)):
+        for container in spec["containers"]:
+            ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+            for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+                if probe not in container:
+                    continue
+                get = container[probe]["httpGet"]
+                assert get["path"] == path, where
+                port = ports.get(get["port"], get["port"])
+                assert port == PROBE_PORTS[container["args"][0]], where
+                probed.add(container["args"][0])
+    assert {"serve", "worker", "relay"} <= probed
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_kafka_topics_are_the_services(overlay: str) -> None:
+    docs = render(overlay)
+    topics = {d["spec"]["topicName"]: d["spec"] for d in docs if d["kind"] == "KafkaTopic"}
+    [settings] = [d["data"] for d in docs if d["metadata"]["name"].startswith("tool-dispatcher-s")]
+
+    expected = {DEFAULT_TOPICS.dispatch, DEFAULT_TOPICS.events, DEFAULT_TOPICS.escalations}
+    assert set(topics) == expected
+    assert settings["TOOL_DISPATCHER_DISPATCH_TOPIC"] == DEFAULT_TOPICS.dispatch
+    dispatch_partitions = topics[DEFAULT_TOPICS.dispatch]["partitions"]
+    assert int(settings["TOOL_DISPATCHER_TOPIC_PARTITIONS"]) == dispatch_partitions
+    # A worker beyond the dispatch topic's partitions would get none (README: scaling).
+    [worker] = [
+        d
+        for d in docs
+        if d["metadata"]["name"] == "tool-dispatcher-worker" and d["kind"] == "Deployment"
+    ]
+    assert worker["spec"]["replicas"] <= dispatch_partitions
+
+
+def test_production_keeps_a_message_on_two_brokers_before_it_is_acknowledged() -> None:
+    docs = render("production")
+    topics = [d["spec"] for d in docs if d["kind"] == "KafkaTopic"]
+    [kafka] = [d["spec"]["kafka"]["config"] for d in docs if d["kind"] == "Kafka"]
+    [db] = [d["spec"] for d in docs if d["kind"] == "Cluster"]
+
+    assert all(t["replicas"] == 3 and t["config"]["min.insync.replicas"] == 2 for t in topics)
+    assert kafka["unclean.leader.election.enable"] is False
+    assert db["instances"] == 3 and db["postgresql"]["synchronous"]["number"] >= 1
+
+
+def test_the_capability_file_is_a_valid_registry() -> None:
+    registry = load_registry(KUSTOMIZE / "base" / "capabilities.toml")
+
+    assert len(registry) == 1
+
+
+def test_the_prometheus_rule_is_alerts_yaml() -> None:
+    rule = yaml.safe_load(Path(DEPLOY / "observability" / "prometheusrule.yaml").read_text())
+    alerts = yaml.safe_load(Path(DEPLOY / "observability" / "alerts.yaml").read_text())
+
+    assert rule["spec"] == alerts
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_spreads_and_writes_only_to_its_empty_dir(overlay: str) -> None:
+    # checkov checks the security context and resources; these two it does not.
+    for where, spec in pod_specs(render(overlay)):
+        keys = {c["topologyKey"] for c in spec.get("topologySpreadConstraints", [])}
+        assert {"topology.kubernetes.io/zone", "kubernetes.io/hostname"} <= keys, where
+        scratch = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
+        for container in containers(spec):
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True, where
+            mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+            assert {n for n in mounts if n in scratch} == {"tmp"}, where
+            # The state dir (TOOL_DISPATCHER_STATE_DIR) lives under it.
+            assert mounts["tmp"] == "/tmp", where  # noqa: S108  # a path in a pod, not here
