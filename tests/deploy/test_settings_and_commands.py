@@ -179,3 +179,31 @@ def test_every_pod_spreads_and_writes_only_to_its_empty_dir(overlay: str) -> Non
             assert {n for n in mounts if n in scratch} == {"tmp"}, where
             # The state dir (TOOL_DISPATCHER_STATE_DIR) lives under it.
             assert mounts["tmp"] == "/tmp", where  # noqa: S108  # a path in a pod, not here
+
+
+def policy_ports(rules: list[Manifest]) -> set[int]:
+    return {p["port"] for rule in rules for p in rule.get("ports", [{"port": "any"}])}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policies_open_only_what_each_process_uses(overlay: str) -> None:
+    docs = render(overlay)
+    policies = {
+        d["spec"]["podSelector"]["matchLabels"].get("app.kubernetes.io/component", "*"): d["spec"]
+        for d in docs
+        if d["kind"] == "NetworkPolicy"
+    }
+    # Deny by default: one policy selecting every pod of the service, with no rule.
+    assert policies["*"]["policyTypes"] == ["Ingress", "Egress"]
+    assert "ingress" not in policies["*"] and "egress" not in policies["*"]
+    components = {
+        doc["metadata"]["labels"]["app.kubernetes.io/component"]
+        for doc in docs
+        if doc["kind"] in ("Deployment", "Job", "CronJob")
+    }
+    assert components <= set(policies)
+
+    assert policy_ports(policies["api"]["ingress"]) == {Settings().http_port}
+    for component in ("worker", "reconciler"):
+        # DNS, the database, the broker, the providers' HTTPS: nothing else.
+        assert policy_ports(policies[component]["egress"]) == {53, 5432, 9092, 443}
