@@ -127,26 +127,32 @@ class Processes:
         # The image's ENTRYPOINT is ["tool-dispatcher"]; the manifests pass only args.
         return [tool("tool-dispatcher"), *container.args]
 
-    def run(self, container: Container, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.command(container),
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+    def run_together(self, items: list[tuple[Container, dict[str, str]]]) -> dict[str, int]:
+        """Start each, then wait for all: their exit codes (a minute each at most)."""
+        started = [(c.where, self.spawn(c, env)) for c, env in items]
+        codes = {}
+        for where, process in started:
+            try:
+                codes[where] = process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                codes[where] = process.wait()
+        return codes
 
-    def start(self, container: Container, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def spawn(self, container: Container, env: dict[str, str]) -> subprocess.Popen[bytes]:
         # The child keeps its own copy of the descriptor; ours is closed at once.
         with self._log(container).open("wb") as log:
-            process = subprocess.Popen(
+            return subprocess.Popen(
                 self.command(container),
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+
+    def start(self, container: Container, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """A long-running process, stopped by :meth:`stop`."""
+        process = self.spawn(container, env)
         self.running[container.where] = process
         return process
 

@@ -32,9 +32,9 @@ import json
 import re
 import signal
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -68,14 +68,21 @@ BROKER_LIMITS = {f"{PREFIX}KAFKA_ENABLE_IDEMPOTENCE": "false"}
 PROVIDER = re.compile(r"https?://[^/\"]+/v1/[A-Za-z0-9_-]+")
 
 
-def workloads(docs: list[Manifest]) -> Iterator[tuple[str, str, Manifest]]:
-    """(kind, name, pod spec) of every Deployment, Job and CronJob."""
+@dataclass(frozen=True)
+class Pod:
+    kind: str
+    name: str
+    spec: Manifest
+
+
+def workloads(docs: list[Manifest], kind: str) -> list[Pod]:
+    """The pod of every workload of ``kind`` (Deployment, Job or CronJob)."""
+    pods = []
     for doc in docs:
-        kind, name = doc["kind"], doc["metadata"]["name"]
-        if kind in ("Deployment", "Job"):
-            yield kind, name, doc["spec"]["template"]["spec"]
-        elif kind == "CronJob":
-            yield kind, name, doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        if doc["kind"] == kind:
+            spec = doc["spec"].get("jobTemplate", doc)["spec"]["template"]["spec"]
+            pods.append(Pod(kind, doc["metadata"]["name"], spec))
+    return pods
 
 
 def strimzi_bootstrap(docs: list[Manifest]) -> str:
@@ -107,19 +114,25 @@ class Cluster:
         self.docs = render("dev")
         self.root = root
         self.secrets = secret_values(self.docs, database_url)
+        # The provider hosts are in the capability file only.
         self.maps = {
-            name: {k: PROVIDER.sub(sandbox + "/v1/requests", v) for k, v in data.items()}
+            name: {
+                k: PROVIDER.sub(sandbox + "/v1/requests", v) if k == "capabilities.toml" else v
+                for k, v in data.items()
+            }
             for name, data in config_maps(self.docs).items()
         }
         self.bootstrap = (strimzi_bootstrap(self.docs), kafka_bootstrap)
         self.processes = Processes(root)
         self.given: dict[str, dict[str, str]] = {}  # the manifest's env, per container
 
-    def container(self, kind: str, name: str, spec: Manifest, item: Manifest) -> Container:
-        where = f"{kind}/{name}/{item['name']}"
+    def container(self, pod: Pod, item: Manifest) -> Container:
+        where = f"{pod.kind}/{pod.name}/{item['name']}"
+        # The process is the image's entrypoint with these args (no command override).
+        assert "command" not in item, where
         env = resolve_env(item, self.maps, self.secrets)
         self.given[where] = env
-        mounts = write_mounts(spec, item, self.root / name, self.maps, self.secrets)
+        mounts = write_mounts(pod.spec, item, self.root / pod.name, self.maps, self.secrets)
         return Container(where, list(item["args"]), map_paths(env, mounts), mounts)
 
     def environment(self, container: Container) -> dict[str, str]:
@@ -135,27 +148,30 @@ class Cluster:
         home.mkdir(exist_ok=True)
         return {**base_environment(home), **env, **BROKER_LIMITS}
 
-    def run(self, container: Container) -> None:
-        done = self.processes.run(container, self.environment(container))
-        assert done.returncode == 0, f"{container.where}: {done.stdout}{done.stderr}"
+    def run(self, containers: list[Container]) -> None:
+        """Containers that run to completion, side by side as the kubelet runs separate
+        pods: each must exit 0."""
+        codes = self.processes.run_together([(c, self.environment(c)) for c in containers])
+        failed = {w: self.processes.log_of(w) for w, code in codes.items() if code != 0}
+        assert failed == {}, failed
 
-    def run_pod(self, kind: str, name: str, spec: Manifest) -> None:
-        """A Job's pod: its init containers, then its containers, each to exit 0."""
-        for item in [*spec.get("initContainers", []), *spec["containers"]]:
-            self.run(self.container(kind, name, spec, item))
+    def run_pods(self, pods: list[Pod]) -> None:
+        """Pods that run to completion (Jobs): every init container, then every
+        container."""
+        self.run([self.container(p, i) for p in pods for i in p.spec.get("initContainers", [])])
+        self.run([self.container(p, i) for p in pods for i in p.spec["containers"]])
 
-    def start_pod(self, kind: str, name: str, spec: Manifest) -> list[tuple[Container, Any]]:
-        """A Deployment's pod: its init containers to exit 0, then its containers."""
-        for item in spec.get("initContainers", []):
-            self.run(self.container(kind, name, spec, item))
+    def start_pods(self, pods: list[Pod]) -> list[tuple[Container, Manifest]]:
+        """Deployments' pods: their init containers must exit 0, then their containers
+        start (each container port on a free port)."""
+        self.run([self.container(p, i) for p in pods for i in p.spec.get("initContainers", [])])
         started = []
-        for item in spec["containers"]:
-            container = self.container(kind, name, spec, item)
-            for port in item.get("ports", []):
-                container.ports[port["name"]] = free_port()
-            process = self.processes.start(container, self.environment(container))
-            started.append((container, item))
-            assert process.poll() is None, self.processes.log_of(container.where)
+        for pod in pods:
+            for item in pod.spec["containers"]:
+                container = self.container(pod, item)
+                container.ports = {port["name"]: free_port() for port in item.get("ports", [])}
+                self.processes.start(container, self.environment(container))
+                started.append((container, item))
         return started
 
     def running(self) -> None:
@@ -215,22 +231,17 @@ async def test_every_workload_of_the_dev_overlay_runs_as_its_manifest_says(
     tmp_path: Path, empty_database_url: str, kafka_bootstrap: str, sandbox: SandboxServer
 ) -> None:
     cluster = Cluster(tmp_path, empty_database_url, kafka_bootstrap, sandbox.url)
-    pods = list(workloads(cluster.docs))
-    kinds = {kind for kind, _, _ in pods}
-    assert kinds == {"Job", "Deployment", "CronJob"}
+    jobs, cron_jobs = workloads(cluster.docs, "Job"), workloads(cluster.docs, "CronJob")
+    deployments = workloads(cluster.docs, "Deployment")
+    assert jobs and cron_jobs and deployments
     try:
         # The migrations Job first (on an empty database), then every Deployment, whose
         # init containers must find the schema at head.
-        for kind, name, spec in pods:
-            if kind == "Job":
-                cluster.run_pod(kind, name, spec)
-        started = []
-        for kind, name, spec in pods:
-            if kind == "Deployment":
-                started += cluster.start_pod(kind, name, spec)
+        cluster.run_pods(jobs)
+        started = cluster.start_pods(deployments)
         for container, item in started:
             await cluster.ready(container, item)
-        [(api, _)] = [(c, i) for c, i in started if c.args[0] == "serve"]
+        [api] = [c for c, _ in started if c.args[0] == "serve"]
         [capability_id] = cluster.secrets["tool-dispatcher-provider-credentials"]
 
         url = f"http://127.0.0.1:{api.ports['http']}"
@@ -239,9 +250,7 @@ async def test_every_workload_of_the_dev_overlay_runs_as_its_manifest_says(
         counts = await books(sandbox.url)
         assert len(counts["effects"]) == CALLS
         assert set(counts["effects"].values()) == {1}  # one effect per call
-        for kind, name, spec in pods:
-            if kind == "CronJob":
-                cluster.run_pod(kind, name, spec)
+        cluster.run_pods(cron_jobs)
         cluster.running()
     finally:
         codes = cluster.processes.stop()
