@@ -12,11 +12,14 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # no stubs installed; read as Any
 
+from dispatcher.settings import RelaySettings, Settings
+
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 KUSTOMIZE = DEPLOY / "kustomize"
 OVERLAYS = ("dev", "production")
 BIN = Path(sys.executable).parent
+PREFIX = "TOOL_DISPATCHER_"
 
 Manifest = dict[str, Any]
 
@@ -59,3 +62,12 @@ def pod_specs(docs: list[Manifest]) -> Iterator[tuple[str, Manifest]]:
 
 def containers(spec: Manifest) -> list[Manifest]:
     return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def is_setting(name: str) -> bool:
+    """Whether ``name`` is a setting Settings reads. Settings ignores any other
+    TOOL_DISPATCHER_* variable, so a misspelt one would pass unnoticed without this."""
+    field, _, nested = name.removeprefix(PREFIX).lower().partition("__")
+    if field not in Settings.model_fields:
+        return False
+    return not nested or (field == "relay" and nested in RelaySettings.model_fields)

@@ -18,18 +18,19 @@ import yaml  # type: ignore[import-untyped]  # no stubs installed; read as Any
 from dispatcher.capabilities import load_registry
 from dispatcher.cli.main import build_parser
 from dispatcher.ops import DEFAULT_PORTS
-from dispatcher.settings import DEFAULT_TOPICS, RelaySettings, Settings
+from dispatcher.settings import DEFAULT_TOPICS, Settings
 from tests.deploy.manifests import (
     DEPLOY,
     KUSTOMIZE,
     OVERLAYS,
+    PREFIX,
     Manifest,
     containers,
+    is_setting,
     pod_specs,
     render,
 )
 
-PREFIX = "TOOL_DISPATCHER_"
 # The port each process serves its probes on (the API on http_port, the others on
 # their kind's ops port), by its subcommand.
 PROBE_PORTS = {
@@ -39,13 +40,6 @@ PROBE_PORTS = {
     "reconcile": DEFAULT_PORTS["reconciler"],
     "approvals": DEFAULT_PORTS["approvals"],
 }
-
-
-def is_setting(name: str) -> bool:
-    field, _, nested = name.removeprefix(PREFIX).lower().partition("__")
-    if field not in Settings.model_fields:
-        return False
-    return not nested or (field == "relay" and nested in RelaySettings.model_fields)
 
 
 def setting_names(docs: list[Manifest]) -> set[str]:
