@@ -171,14 +171,18 @@ async def _recover_once(settings: Settings, registry: CapabilityRegistry) -> int
 
 def _migrate_check(database_url: str) -> int:
     """The init containers' gate: pods wait (exit 1, one line) until the schema is at
-    head, so no process runs against a schema older than its code."""
+    head, so no process runs against a schema older than its code. A schema a newer
+    release migrated (a revision this code does not know) passes: during a rolling
+    upgrade the old pods keep running on the expanded schema (deploy/README.md)."""
     try:
-        current, head = migrate.pending(database_url)
+        current, head, known = migrate.schema_state(database_url)
     except Exception as exc:
         if classify(exc) is not DbErrorClass.UNAVAILABLE:
             raise
         fail(f"cannot reach the database: {type(exc).__name__}", 1)
-    if current != head:
+    if not known:
+        print(f"the schema is at {current}, newer than this release's head {head}", file=sys.stderr)
+    elif current != head:
         fail(f"the schema is at {current or 'no revision'}, not at head {head}", 1)
     return 0
 

@@ -43,20 +43,23 @@ def downgrade(database_url: str, revision: str = "base") -> None:
     _run(database_url, "downgrade", revision)
 
 
-def pending(database_url: str) -> tuple[str | None, str | None]:
-    """The database's revision and the head, read without changing anything (a database
-    with no ``alembic_version`` table is at ``None``)."""
+def schema_state(database_url: str) -> tuple[str | None, str | None, bool]:
+    """The database's revision, this code's head, and whether the revision is one this
+    code knows (read without changing anything; no ``alembic_version`` table is
+    ``None``). An unknown revision is a newer release's: expand-then-contract keeps
+    the schema it left usable by this one."""
     # A check is a gate run before every pod starts: its answer is its exit code (and a
     # line when it says no), not Alembic's chatter about its dialect.
     logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
-    head = ScriptDirectory.from_config(alembic_config(database_url)).get_current_head()
+    scripts = ScriptDirectory.from_config(alembic_config(database_url))
     engine = create_engine(to_sqlalchemy_url(database_url), poolclass=pool.NullPool)
     try:
         with engine.connect() as connection:
             current = MigrationContext.configure(connection).get_current_revision()
     finally:
         engine.dispose()
-    return current, head
+    known = current is None or current in {s.revision for s in scripts.walk_revisions()}
+    return current, scripts.get_current_head(), known
 
 
 async def upgrade_async(database_url: str, revision: str = "head") -> None:

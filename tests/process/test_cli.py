@@ -146,6 +146,21 @@ def test_migrate_check_refuses_a_database_one_revision_behind(empty_database_url
     assert_check_fails(run_cli("migrate", "--check", **env), "not at head")
 
 
+@pytest.mark.postgres
+def test_migrate_check_passes_a_schema_a_newer_release_migrated(empty_database_url: str) -> None:
+    # Expand, then contract: while a release's migration has run and its pods roll out,
+    # the old release's pods restart through this gate on the newer schema.
+    env = {"TOOL_DISPATCHER_DATABASE_URL": empty_database_url}
+    assert run_cli("migrate", **env).returncode == 0
+    with psycopg.connect(empty_database_url) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '9999_a_newer_release'")
+
+    result = run_cli("migrate", "--check", **env)
+
+    assert result.returncode == 0, result.stderr
+    assert "9999_a_newer_release, newer than this release's head" in result.stderr
+
+
 def test_migrate_check_on_an_unreachable_database_is_one_line() -> None:
     result = run_cli(
         "migrate", "--check", TOOL_DISPATCHER_DATABASE_URL="postgresql://nobody@127.0.0.1:1/none"
