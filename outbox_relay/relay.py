@@ -60,7 +60,7 @@ from outbox_relay.backoff import Backoff
 from outbox_relay.config import RelayConfig
 from outbox_relay.kafka import OutboxRow, TopicGate, build_producer, is_permanent, kafka_headers
 from outbox_relay.leases import LaneLeases
-from outbox_relay.queries import Queries
+from outbox_relay.queries import Queries, plain_index_scans
 from outbox_relay.retention import purge_batches
 from outbox_relay.schedule import heartbeat_waits, purge_due
 from outbox_relay.settle import NOT_SENT, Outcome, Settlement, settle
@@ -109,6 +109,7 @@ class Relay:
             min_size=2,
             max_size=4,
             kwargs={"autocommit": True},
+            configure=plain_index_scans,
             open=False,
             timeout=max(5.0, config.lease_ttl),
             name=f"outbox-relay-{config.table}",
