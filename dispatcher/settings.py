@@ -161,10 +161,15 @@ class Settings(BaseSettings):
 
     # Workers.
     worker_group_id: str = "tool-dispatcher-workers"
+    # Dispatch commands a worker fetches, claims and records together: each batch costs
+    # two statements and two commits however many calls it holds, so a busy worker
+    # takes big ones (a quiet one gets what the fetch found). Its sends go at most
+    # worker_concurrency at a time; its leases cover every round of them.
+    worker_batch_size: int = Field(default=500, ge=1)
+    # Provider requests in flight per worker process.
     worker_concurrency: int = Field(default=64, ge=1)
-    # Provider requests in flight per worker process, each on its own kept-alive
-    # connection of the process's one pool: as many as one fetch holds, so a batch is
-    # sent in one round (aiohttp's cost per request does not grow with the pool).
+    # Each request on its own kept-alive connection of the process's one pool: as many
+    # as the requests in flight (aiohttp's cost per request does not grow with it).
     provider_max_connections: int = Field(default=64, ge=1)
     # Tansu holds every fetch for the full wait: keep it short for latency.
     kafka_fetch_max_wait_ms: int = Field(default=10, ge=0)

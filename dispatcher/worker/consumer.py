@@ -88,6 +88,7 @@ async def run_worker(
         min_lease_seconds=settings.min_lease_seconds,
         lease_margin_seconds=settings.lease_margin_seconds,
         crash=CrashPoints(settings.crash_at),
+        concurrency=settings.worker_concurrency,
     )
     consumer = AIOKafkaConsumer(
         bootstrap_servers=settings.kafka_bootstrap,
@@ -95,7 +96,7 @@ async def run_worker(
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
-        max_poll_records=settings.worker_concurrency,
+        max_poll_records=settings.worker_batch_size,
         session_timeout_ms=settings.kafka_session_timeout_ms,
         heartbeat_interval_ms=max(300, settings.kafka_session_timeout_ms // 4),
     )

@@ -16,6 +16,7 @@ at the same commit boundaries as for a single call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -68,6 +69,7 @@ class Executor:
         lease_margin_seconds: float = 5.0,
         crash: CrashPoints | None = None,
         producer: Producer = Producer.WORKER,
+        concurrency: int | None = None,
     ) -> None:
         self._sessions = sessions
         self._producer = producer
@@ -80,6 +82,9 @@ class Executor:
         self._capabilities = {cap.id: cap for cap in registry}
         self._leases = {cap.id: self._lease_of(cap) for cap in registry}
         self._recorder = OutcomeRecorder(worker_id, producer, topics)
+        # Requests in flight at once (None: a batch's all together).
+        self._concurrency = concurrency
+        self._slots = asyncio.Semaphore(concurrency) if concurrency else None
 
     def _lease_of(self, capability: Capability) -> float:
         return lease_seconds(capability, self._min_lease, self._lease_margin)
@@ -114,12 +119,16 @@ class Executor:
         moves = [BulkMove(call, tenant=tenant) for tenant, call in dict.fromkeys(calls)]
         if not moves:
             return []
+        # A batch larger than the requests in flight is sent in rounds, each as long
+        # as one call's worst case at most: its leases cover all of them, so a call
+        # waiting its turn is not handed to the recovery sweep meanwhile.
+        rounds = -(-len(moves) // self._concurrency) if self._concurrency else 1
         async with self._sessions() as session, session.begin():
             return await claim_calls(
                 session,
                 moves,
                 capabilities=self._capabilities,
-                leases=self._leases,
+                leases={cap: seconds * rounds for cap, seconds in self._leases.items()},
                 owner=self.worker_id,
                 producer=self._producer,
                 topics=self._topics,
@@ -185,24 +194,28 @@ class Executor:
         outcome in one transaction. None: not sent (lease lapsed) or not recorded
         (lease lost)."""
         self._crash.hit("after-claim")
-        statuses: dict[CallKey, S | None] = {}
-        live: list[Claim] = []
-        now = time.monotonic()
-        for claim in claims:
-            if now - claim.claimed_at > claim.lease_seconds:
-                # Stalled before sending: the recovery sweep owns the call now.
-                log.warning("lease of %s lapsed before sending; not sending", claim.tool_call_id)
-                statuses[claim.key] = None
-            else:
-                live.append(claim)
         parents = parents or {}
         outcomes = await asyncio.gather(
-            *(self._send(claim, parents.get(claim.key)) for claim in live)
+            *(self._send_in_turn(claim, parents.get(claim.key)) for claim in claims)
         )
         self._crash.hit("after-send")
-        statuses.update(await self.record_many(list(map(Sent, live, outcomes))))
+        statuses: dict[CallKey, S | None] = {
+            c.key: None for c, o in zip(claims, outcomes, strict=True) if o is None
+        }
+        sent = [Sent(c, o) for c, o in zip(claims, outcomes, strict=True) if o is not None]
+        statuses.update(await self.record_many(sent))
         self._crash.hit("after-record")
         return statuses
+
+    async def _send_in_turn(self, claim: Claim, parent: Context | None) -> ProviderOutcome | None:
+        """:meth:`_send` once a request slot is free, unless the call's lease lapsed
+        meanwhile (None: not sent)."""
+        async with self._slots or contextlib.nullcontext():
+            if time.monotonic() - claim.claimed_at > claim.lease_seconds:
+                # Stalled before sending: the recovery sweep owns the call now.
+                log.warning("lease of %s lapsed before sending; not sending", claim.tool_call_id)
+                return None
+            return await self._send(claim, parent)
 
     async def _send(self, claim: Claim, parent: Context | None = None) -> ProviderOutcome:
         """One call's outcome, whatever goes wrong with it: an error of one call must
