@@ -306,8 +306,9 @@ def postmaster_of(url: str) -> int:
     """The pid of the PostgreSQL server ``url`` connects to (a backend's parent)."""
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    return int(psutil.Process(row[0]).ppid())
+        assert row is not None
+        # While the backend lives: it exits with the connection.
+        return int(psutil.Process(row[0]).ppid())
 
 
 def counts_for(title: str, database: str, backends: Iterable[int] = ()) -> bool:

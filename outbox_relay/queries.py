@@ -29,33 +29,24 @@ _STATEMENTS: dict[str, str] = {
     # A key with a dead-lettered row publishes nothing until an operator
     # retries or discards it, so the key's order survives the failure.
     #
-    # Each lane is read on its own, by an index scan of (lane, id) that stops
-    # at the batch size: the first rows of every lane, then the first of those
-    # by id, is the first rows of the lanes together, and each lane's rows are
-    # a prefix of its rows in id order. Read as one scan of all unpublished
-    # rows, the planner took a bitmap scan, which never marks the index
-    # entries of rows published since dead: every read then visited the heap
-    # for each of them until vacuum ran (11 ms a read behind 40,000 such
-    # entries in bench.dispatch). It takes a bitmap scan of each lane too
-    # when it expects few rows, so the relay's connections turn bitmap scans
-    # off (Relay's pool, ``configure``): then every read marks what it passed.
+    # Meant as an index scan of the unpublished rows in id order that stops at
+    # the limit. Expecting few rows, the planner took a bitmap scan and a sort
+    # instead, and a bitmap scan never marks the index entries of rows
+    # published since as dead: every read visited each of them in the heap
+    # until vacuum ran (11 ms a read behind 40,000 in bench.dispatch). So the
+    # relay's connections turn bitmap scans off (plain_index_scans, below).
     "claim": (
         """
         SELECT o.id, o.topic, o.key, o.payload::text, o.headers, o.created_at
-        FROM unnest(ARRAY(
-                 SELECT l.lane FROM {lanes} l
-                 WHERE l.owner = %(owner)s AND l.expires_at > now())) AS held(lane)
-        CROSS JOIN LATERAL (
-            SELECT o.id, o.topic, o.key, o.payload, o.headers, o.created_at
-            FROM {t} o
-            WHERE o.lane = held.lane
-              AND o.published_at IS NULL
-              AND o.dead_lettered_at IS NULL
-              AND NOT EXISTS (
-                  SELECT 1 FROM {t} d
-                  WHERE d.key = o.key AND d.dead_lettered_at IS NOT NULL)
-            ORDER BY o.id
-            LIMIT %(limit)s) o
+        FROM {t} o
+        WHERE o.published_at IS NULL
+          AND o.dead_lettered_at IS NULL
+          AND o.lane = ANY (ARRAY(
+              SELECT l.lane FROM {lanes} l
+              WHERE l.owner = %(owner)s AND l.expires_at > now()))
+          AND NOT EXISTS (
+              SELECT 1 FROM {t} d
+              WHERE d.key = o.key AND d.dead_lettered_at IS NOT NULL)
         ORDER BY o.id
         LIMIT %(limit)s
         """
@@ -123,19 +114,19 @@ _STATEMENTS: dict[str, str] = {
         """
     ),
     # Each key's oldest dead letter, with the rows it holds back: from the dead
-    # letters (a small partial index), each key's rows found through its lane.
+    # letters (a small partial index), then each key's unpublished rows.
     # Joined from the unpublished side instead, the planner's estimate put the
     # statement above the JIT threshold: 60 ms of compiling every refresh.
     "blocked": (
         """
         SELECT d.id, d.key, b.n
-        FROM (SELECT DISTINCT ON (x.key) x.id, x.key, x.lane
+        FROM (SELECT DISTINCT ON (x.key) x.id, x.key
               FROM {t} x
               WHERE x.dead_lettered_at IS NOT NULL
               ORDER BY x.key, x.id) d
         CROSS JOIN LATERAL (
             SELECT count(*) AS n FROM {t} o
-            WHERE o.lane = d.lane AND o.key = d.key
+            WHERE o.key = d.key
               AND o.published_at IS NULL AND o.dead_lettered_at IS NULL) b
         WHERE b.n > 0
         ORDER BY d.id

@@ -96,16 +96,7 @@ def outbox_table(metadata: MetaData, name: str = "outbox", lanes: int = DEFAULT_
         Column("attempts", Integer, nullable=False, server_default=text("0")),
         Column("last_error", Text),
         Column("dead_lettered_at", DateTime(timezone=True)),
-        # Per lane, in id order: a relay reads each of its lanes with an index scan that
-        # stops at its batch size, and an index scan (unlike a bitmap scan) marks the
-        # entries of rows published since dead, so later reads skip them without
-        # visiting the heap (outbox_relay.queries, "claim").
-        Index(
-            f"ix_{name}_unpublished_by_lane",
-            "lane",
-            "id",
-            postgresql_where=text("published_at IS NULL"),
-        ),
+        Index(f"ix_{name}_unpublished", "id", postgresql_where=text("published_at IS NULL")),
         # Small by construction: only rows an operator still has to look at.
         Index(
             f"ix_{name}_dead_letters",

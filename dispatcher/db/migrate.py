@@ -28,9 +28,7 @@ def _run(database_url: str, action: str, revision: str) -> None:
     cfg = alembic_config(database_url)
     engine = create_engine(to_sqlalchemy_url(database_url), poolclass=pool.NullPool)
     try:
-        # Not begun here: Alembic begins (and commits) a transaction per migration, so
-        # one that builds an index CONCURRENTLY can step outside it (autocommit_block).
-        with engine.connect() as connection:
+        with engine.begin() as connection:
             cfg.attributes["connection"] = connection
             getattr(command, action)(cfg, revision)
     finally:

@@ -10,12 +10,7 @@ from dispatcher.db.tables import metadata
 
 
 def _run(connection: Connection) -> None:
-    context.configure(
-        connection=connection,
-        target_metadata=metadata,
-        compare_type=True,
-        transaction_per_migration=True,
-    )
+    context.configure(connection=connection, target_metadata=metadata, compare_type=True)
     with context.begin_transaction():
         context.run_migrations()
 
