@@ -189,3 +189,23 @@ async def test_backlog_gauges(database_url: str, kafka_bootstrap: str) -> None:
         await relay.refresh_gauges()
     assert _sample("outbox_relay_backlog_rows") == 0
     assert _sample("outbox_relay_oldest_unpublished_age_seconds") == 0
+
+
+async def test_the_read_is_an_index_scan_that_marks_what_it_passed(
+    database_url: str, kafka_bootstrap: str
+) -> None:
+    """On the relay's own connections the read is a plain index scan of the unpublished
+    rows in id order: a bitmap scan (the planner's choice when it expects few rows)
+    never marks the index entries of published rows dead, and every later read would
+    visit each of them in the heap until vacuum ran."""
+    await insert(database_url, [message("relay-plan", f"k{i}", i) for i in range(3)])
+    async with Relay(relay_config(database_url, kafka_bootstrap)) as relay:
+        await relay.heartbeat()
+        async with relay._pool.connection() as conn:
+            cur = await conn.execute(
+                b"EXPLAIN " + relay.queries.claim.as_bytes(conn),
+                {"owner": relay.config.relay_id, "limit": 1000},
+            )
+            plan = "\n".join(row[0] for row in await cur.fetchall())
+    assert "Index Scan using ix_outbox_unpublished on outbox o" in plan, plan
+    assert "Bitmap" not in plan, plan
