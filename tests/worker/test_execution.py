@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,7 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
         capability("lookup", sandbox.url, side_effects=False),
         capability("refund-slow", sandbox.url, timeout=0.3),
         capability("refund-nowhere", unused, attempts=3),
+        capability("refund-patient", sandbox.url, backoff=(0.01, 0.4)),
     )
 
 
@@ -173,6 +175,24 @@ async def test_throttling_is_retried_with_the_same_key(
     counts = await books(sandbox.url)
     assert counts["received"] == {"k-thr": 3}
     assert counts["effects"] == {"k-thr": 1}
+
+
+async def test_the_first_retry_waits_the_providers_retry_after(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    make_executor: MakeExecutor,
+) -> None:
+    """The first attempt's answer sets the first wait: Retry-After 1 s, capped by the
+    policy's 0.4 s, where its own backoff would be at most 10 ms."""
+    await add_fault(
+        sandbox.url, {"kind": "rate_limit", "idempotencyKey": "k-wait", "times": 1, "retryAfter": 1}
+    )
+    call = await submit_call(sessions, registry, "refund-patient", {"n": 1}, key="k-wait")
+    started = time.monotonic()
+    assert await make_executor().execute(call, "acme") is S.COMPLETED
+    assert time.monotonic() - started >= 0.4
+    assert (await books(sandbox.url))["received"] == {"k-wait": 2}
 
 
 @pytest.mark.parametrize(
