@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from dispatcher.db.tables import execution_events
 from dispatcher.ledger.messages import Producer, ce_source, enqueue, outbox_row
 from dispatcher.settings import DEFAULT_TOPICS, Topics
+from outbox_relay.table import CLOUDEVENTS_SPEC_VERSION
 
 SCHEMA_VERSION = 1
 
@@ -136,26 +137,48 @@ def run_event_row(
     }
 
 
+ENVELOPE = {
+    "eventId": "event_id",
+    "eventType": "event_type",
+    "tenant": "tenant",
+    "runId": "run_id",
+    "turnId": "turn_id",
+    "producer": "producer",
+    "reasoningObjectId": "reasoning_object_id",
+    "capabilityId": "capability_id",
+    "correlationId": "correlation_id",
+    "causationId": "causation_id",
+    "toolCallId": "tool_call_id",
+    "schemaVersion": "schema_version",
+    "payload": "payload",
+}
+"""The published name of each column of an event row (and ``occurredAt``, its time as
+ISO 8601 text), for :func:`envelope` and its SQL twin :func:`envelope_sql`."""
+
+
 def envelope(event: Mapping[str, Any]) -> dict[str, Any]:
     """The published (camelCase) form of an event row: what the events topic carries
     and what ``docs/events/<eventType>.json`` describes."""
     occurred_at: datetime = event["occurred_at"]
     return {
-        "eventId": event["event_id"],
-        "eventType": event["event_type"],
-        "tenant": event["tenant"],
-        "runId": event["run_id"],
-        "turnId": event["turn_id"],
-        "producer": event["producer"],
-        "reasoningObjectId": event["reasoning_object_id"],
-        "capabilityId": event["capability_id"],
-        "correlationId": event["correlation_id"],
-        "causationId": event["causation_id"],
-        "toolCallId": event["tool_call_id"],
-        "schemaVersion": event["schema_version"],
+        **{name: event[column] for name, column in ENVELOPE.items()},
         "occurredAt": occurred_at.isoformat(),
-        "payload": event["payload"],
     }
+
+
+def envelope_sql(row: str, occurred: str) -> tuple[str, str]:
+    """:func:`event_message`'s payload and headers as SQL over ``row``, an alias whose
+    columns are an event row's, and ``occurred``, its time as ISO 8601 text: a batch
+    statement builds its events' messages from the events it inserts, and the
+    parameters carry each event once (``tests/ledger`` holds the two equal)."""
+    pairs = [f"'{name}', {row}.{column}" for name, column in ENVELOPE.items()]
+    payload = f"jsonb_build_object({', '.join(pairs)}, 'occurredAt', {occurred})"
+    headers = (
+        f"jsonb_build_object('ce_id', {row}.event_id, 'ce_type', {row}.event_type,"
+        f" 'ce_source', '{ce_source('')}' || {row}.producer,"
+        f" 'ce_specversion', '{CLOUDEVENTS_SPEC_VERSION}', 'ce_time', {occurred})"
+    )
+    return payload, headers
 
 
 def event_message(event: Mapping[str, Any], topics: Topics) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from sqlalchemy import (
     ColumnElement,
     Integer,
     Select,
-    Table,
     Text,
     and_,
     bindparam,
@@ -39,11 +38,10 @@ from sqlalchemy.sql.dml import ReturningUpdate
 from sqlalchemy.sql.selectable import CTE, TableValuedAlias
 
 from dispatcher.db.tables import execution_events, outbox, tool_calls
-from dispatcher.ledger.events import CallContext, EventType, event_message, event_row
+from dispatcher.ledger.batched import EVENT_COLUMNS, MESSAGE_COLUMNS, as_json
+from dispatcher.ledger.events import CallContext, EventType, envelope_sql, event_row
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import (
-    EVENT_COLUMNS,
-    MESSAGE_COLUMNS,
     BulkMove,
     Moved,
     count_moves,
@@ -231,64 +229,56 @@ def _candidates(
 def _recorded(moved: CTE, candidates: Sequence[Mapping[str, Any]], topics: Topics) -> Select[Any]:
     """The moved calls, with the events of the status each was moved to and their
     outbox rows inserted, as one statement: PostgreSQL runs every data-modifying CTE
-    to completion whether or not the main SELECT reads it."""
+    to completion whether or not the main SELECT reads it. Each message is built from
+    its event in the statement (:func:`dispatcher.ledger.events.envelope_sql`)."""
     events = [
-        {
-            **e,
-            "occurred_at": e["occurred_at"].isoformat(),
-            "to_status": e["payload"]["to"],
-            "ord": i,
-        }
-        for i, e in enumerate(candidates)
+        {**row, "occurred": row["occurred_at"], "to_status": e["payload"]["to"], "ord": i}
+        for i, (e, row) in enumerate((e, as_json(e)) for e in candidates)
     ]
-    e = _recordset("events", events, execution_events, EVENT_COLUMNS, "to_status")
-    inserted = (
-        insert(execution_events)
-        .from_select(
-            EVENT_COLUMNS,
-            select(*(e.c[name] for name in EVENT_COLUMNS))
-            .join_from(
-                e,
-                moved,
-                and_(
-                    moved.c.tenant == e.c.tenant,
-                    moved.c.tool_call_id == e.c.tool_call_id,
-                    moved.c.status == e.c.to_status,
-                ),
-            )
-            .order_by(e.c.ord),
-        )
-        .returning(execution_events.c.event_id)
-        .cte("recorded")
+    # MATERIALIZED: read twice (the events, then their messages), parsed once.
+    e = (
+        select(_recordset("events", events, ("to_status", "occurred")))
+        .cte("events_in")
+        .prefix_with("MATERIALIZED")
     )
-    messages = [
-        {**event_message(c, topics), "event_id": c["event_id"], "ord": i}
-        for i, c in enumerate(candidates)
-    ]
-    m = _recordset("messages", messages, outbox, MESSAGE_COLUMNS, "event_id")
-    published = (
-        insert(outbox)
-        .from_select(
-            MESSAGE_COLUMNS,
-            select(*(m.c[name] for name in MESSAGE_COLUMNS))
-            .join_from(m, inserted, inserted.c.event_id == m.c.event_id)
-            .order_by(m.c.ord),
+    chosen = (
+        select(e)
+        .join_from(
+            e,
+            moved,
+            and_(
+                moved.c.tenant == e.c.tenant,
+                moved.c.tool_call_id == e.c.tool_call_id,
+                moved.c.status == e.c.to_status,
+            ),
         )
-        .cte("published")
+        .cte("chosen")
     )
-    return select(moved).add_cte(published)
+    inserted = insert(execution_events).from_select(
+        EVENT_COLUMNS,
+        select(*(chosen.c[name] for name in EVENT_COLUMNS)).order_by(chosen.c.ord),
+    )
+    payload, headers = envelope_sql("chosen", "chosen.occurred")
+    published = insert(outbox).from_select(
+        MESSAGE_COLUMNS,
+        select(
+            bindparam("events_topic", topics.events, type_=Text),
+            chosen.c.run_id,
+            literal_column(payload, JSONB),
+            literal_column(headers, JSONB),
+        ).order_by(chosen.c.ord),
+    )
+    return select(moved).add_cte(inserted.cte("recorded")).add_cte(published.cte("published"))
 
 
-def _recordset(
-    name: str, rows: list[dict[str, Any]], table: Table, columns: Sequence[str], key: str
-) -> TableValuedAlias:
-    """``rows`` as one JSON parameter, typed as ``table``'s ``columns``, plus the text
-    ``key`` they are joined by and their position ``ord``."""
+def _recordset(name: str, rows: list[dict[str, Any]], texts: Sequence[str]) -> TableValuedAlias:
+    """``rows`` as one JSON parameter, typed as ``execution_events``' columns, plus the
+    text columns ``texts`` and their position ``ord``."""
     return (
         func.jsonb_to_recordset(bindparam(name, rows, type_=JSONB))
         .table_valued(
-            *(column(c, table.c[c].type) for c in columns),
-            *([] if key in columns else [column(key, Text)]),
+            *(column(c, execution_events.c[c].type) for c in EVENT_COLUMNS),
+            *(column(t, Text) for t in texts),
             column("ord", Integer),
         )
         .render_derived(name=name, with_types=True)

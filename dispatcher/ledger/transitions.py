@@ -23,7 +23,6 @@ from sqlalchemy import (
     Integer,
     Row,
     RowMapping,
-    Table,
     Text,
     and_,
     any_,
@@ -32,21 +31,19 @@ from sqlalchemy import (
     func,
     or_,
     select,
-    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.dml import Update
 from sqlalchemy.sql.selectable import CTE
 
-from dispatcher.db.tables import execution_events, outbox, tool_calls
+from dispatcher.db.tables import tool_calls
 from dispatcher.errors import TransitionConflict
+from dispatcher.ledger.batched import record_all
 from dispatcher.ledger.events import (
     CallContext,
     EventType,
-    event_message,
     event_row,
     record_events,
 )
@@ -196,43 +193,6 @@ def log_moves(sources: Sequence[ExecutionStatus], moved: Sequence[Moved]) -> Non
                 "trace_id": stored[3:35] if stored else None,
             },
         )
-
-
-def _rows_of(param: str, table: Table, names: Sequence[str]) -> str:
-    """SELECT of the rows passed as one JSON array in ``param``, in array order."""
-    dialect = PGDialect_psycopg()  # type: ignore[no-untyped-call]
-    spec = ", ".join(f"{n} {table.c[n].type.compile(dialect=dialect)}" for n in names)
-    listed = ", ".join(names)
-    return (
-        f"SELECT {listed} FROM ROWS FROM (jsonb_to_recordset(:{param}) AS ({spec}))"  # noqa: S608
-        f" WITH ORDINALITY AS {param}_in({listed}, ord) ORDER BY ord"
-    )
-
-
-EVENT_COLUMNS = [c.name for c in execution_events.c if c.name != "seq"]
-MESSAGE_COLUMNS = ["topic", "key", "payload", "headers"]
-_EVENTS_SQL = f"INSERT INTO execution_events ({', '.join(EVENT_COLUMNS)}) " + _rows_of(
-    "events", execution_events, EVENT_COLUMNS
-)
-# A batch's events and their outbox rows in one constant statement: one execution (and
-# one firing of the outbox's statement trigger) for the batch, where an executemany is
-# one per row. Only this module's column lists go into the text.
-_INSERT_EVENTS_AND_MESSAGES = text(
-    f"WITH events AS ({_EVENTS_SQL}) INSERT INTO outbox ({', '.join(MESSAGE_COLUMNS)}) "
-    + _rows_of("messages", outbox, MESSAGE_COLUMNS)
-).bindparams(bindparam("events", type_=JSONB), bindparam("messages", type_=JSONB))
-
-
-async def _record_all(
-    session: AsyncSession, events: Sequence[Mapping[str, Any]], topics: Topics
-) -> None:
-    """:func:`dispatcher.ledger.events.record_events` for a batch, in one statement."""
-    if not events:
-        return
-    # JSON parameters: the timestamp travels as ISO 8601 text.
-    rows = [{**e, "occurred_at": e["occurred_at"].isoformat()} for e in events]
-    messages = [event_message(e, topics) for e in events]
-    await session.execute(_INSERT_EVENTS_AND_MESSAGES, {"events": rows, "messages": messages})
 
 
 def per_call_values(moves: Sequence[BulkMove], names: Sequence[str], *extra: Any) -> CTE:
@@ -394,7 +354,7 @@ async def move_many(
         )
         for row in moved
     ]
-    await _record_all(session, events, topics)
+    await record_all(session, events, topics)
     result = [Moved(row, event) for row, event in zip(moved, events, strict=True)]
     log_moves(sources, result)
     return result
