@@ -205,10 +205,16 @@ class Queries:
 
 
 async def plain_index_scans(conn: AsyncConnection[object]) -> None:
-    """Set up a relay connection: no bitmap scans for its statements (see "claim").
+    """Set up a relay connection: its statements go through their indexes, as plain
+    index scans, and are never JIT-compiled.
 
-    A session setting, so it holds for every statement of the connection; the relay
-    needs a session-mode connection anyway (it LISTENs). Its other statements reach
-    rows by primary key, by a small partial index, or read a table whole.
+    Every statement here is written for an index (see "claim"); where the outbox's
+    statistics lag its contents (a new table, a burst), the planner's other choices
+    read every row: a seq scan for the dead letters that an empty partial index holds,
+    or a bitmap scan that never marks dead entries. And the same bad estimates put
+    "blocked" above the JIT threshold, 60 ms of compiling a statement that finds no
+    row. Session settings, on the relay's own connections only: the relay needs a
+    session-mode connection anyway (it LISTENs).
     """
-    await conn.execute("SET enable_bitmapscan = off")
+    for setting in ("enable_bitmapscan", "enable_seqscan", "jit"):
+        await conn.execute(sql.SQL("SET {} = off").format(sql.Identifier(setting)))

@@ -209,3 +209,19 @@ async def test_the_read_is_an_index_scan_that_marks_what_it_passed(
             plan = "\n".join(row[0] for row in await cur.fetchall())
     assert "Index Scan using ix_outbox_unpublished on outbox o" in plan, plan
     assert "Bitmap" not in plan, plan
+
+
+async def test_the_blocked_rows_are_found_from_the_dead_letters_index(
+    database_url: str, kafka_bootstrap: str
+) -> None:
+    """On a table without statistics the planner read every row to find the dead
+    letters (none): the relay's settings keep it on the dead letters' partial index."""
+    await insert(database_url, [message("relay-plan", f"k{i}", i) for i in range(3)])
+    async with Relay(relay_config(database_url, kafka_bootstrap)) as relay:
+        async with relay._pool.connection() as conn:
+            cur = await conn.execute(
+                b"EXPLAIN (ANALYZE, TIMING OFF) " + relay.queries.blocked.as_bytes(conn)
+            )
+            plan = "\n".join(row[0] for row in await cur.fetchall())
+    assert "Index Scan using ix_outbox_dead_letters on outbox x" in plan, plan
+    assert "Seq Scan" not in plan, plan
