@@ -97,6 +97,12 @@ async def run_worker(
         auto_offset_reset="earliest",
         fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
         max_poll_records=settings.worker_batch_size,
+        # A batch is processed between two fetches: a slow provider must not get the
+        # worker taken out of the group (aiokafka's default is 300 s; a batch of 500
+        # at 64 in flight with the default retry policy may take 560).
+        max_poll_interval_ms=int(
+            1000 * (executor.longest_batch_seconds(settings.worker_batch_size) + 30)
+        ),
         session_timeout_ms=settings.kafka_session_timeout_ms,
         heartbeat_interval_ms=max(300, settings.kafka_session_timeout_ms // 4),
     )

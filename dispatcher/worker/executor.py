@@ -86,6 +86,14 @@ class Executor:
         self._concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency) if concurrency else None
 
+    def _rounds(self, calls: int) -> int:
+        return -(-calls // self._concurrency) if self._concurrency else 1
+
+    def longest_batch_seconds(self, calls: int) -> float:
+        """How long a batch of ``calls`` may take at worst: the longest lease it takes.
+        The consumer may go that long between two fetches (max.poll.interval)."""
+        return max(self._leases.values(), default=0.0) * self._rounds(calls)
+
     def _lease_of(self, capability: Capability) -> float:
         return lease_seconds(capability, self._min_lease, self._lease_margin)
 
@@ -122,7 +130,7 @@ class Executor:
         # A batch larger than the requests in flight is sent in rounds, each as long
         # as one call's worst case at most: its leases cover all of them, so a call
         # waiting its turn is not handed to the recovery sweep meanwhile.
-        rounds = -(-len(moves) // self._concurrency) if self._concurrency else 1
+        rounds = self._rounds(len(moves))
         async with self._sessions() as session, session.begin():
             return await claim_calls(
                 session,

@@ -127,6 +127,9 @@ async def test_the_leases_of_a_batch_cover_every_round_of_its_requests(
         assert {c.lease_seconds for c in single} == {one}
         unbounded = executor(sessions, registry, http, None)
         assert unbounded._leases["refund"] == one
+        # The consumer's poll interval covers the longest batch.
+        assert rounds.longest_batch_seconds(7) == 3 * one
+        assert unbounded.longest_batch_seconds(7) == one
 
 
 async def test_a_call_whose_lease_lapsed_while_it_waited_its_turn_is_not_sent(
