@@ -231,16 +231,14 @@ def _recorded(moved: CTE, candidates: Sequence[Mapping[str, Any]], topics: Topic
     outbox rows inserted, as one statement: PostgreSQL runs every data-modifying CTE
     to completion whether or not the main SELECT reads it. Each message is built from
     its event in the statement (:func:`dispatcher.ledger.events.envelope_sql`)."""
+    rows = [as_json(e) for e in candidates]
     events = [
-        {**row, "occurred": row["occurred_at"], "to_status": e["payload"]["to"], "ord": i}
-        for i, (e, row) in enumerate((e, as_json(e)) for e in candidates)
+        {**r, "occurred": r["occurred_at"], "to_status": r["payload"]["to"], "ord": i}
+        for i, r in enumerate(rows)
     ]
-    # MATERIALIZED: read twice (the events, then their messages), parsed once.
-    e = (
-        select(_recordset("events", events, ("to_status", "occurred")))
-        .cte("events_in")
-        .prefix_with("MATERIALIZED")
-    )
+    e = _recordset("events", events, ("to_status", "occurred"))
+    # The events of the statuses the calls were moved to; read twice (the events, then
+    # their messages), so PostgreSQL materializes it once.
     chosen = (
         select(e)
         .join_from(
