@@ -43,6 +43,9 @@ def stack(make_stack: MakeStack, sandbox_port: int) -> ProcessStack:
         # says completes. The lease it gives (3 x 10 s + backoff + margin, about 31 s)
         # is how long a killed worker's calls wait for the recovery sweep.
         capability={"timeout": 10.0, "attempts": 3},
+        # A batch no larger than the requests in flight keeps that one lease: a batch
+        # of 500 at 64 at a time would take eight (TOOL_DISPATCHER_WORKER_BATCH_SIZE).
+        worker_batch_size=64,
         http_port=free_port(),
     )
     # The provider as a process of its own, like the rest of the pipeline: not in this
