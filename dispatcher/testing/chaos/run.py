@@ -27,6 +27,7 @@ from dispatcher.testing.chaos.checker import (
     gather,
     unsettled_count,
 )
+from dispatcher.testing.chaos.diagnose import diagnose
 from dispatcher.testing.chaos.faults import Injector
 from dispatcher.testing.chaos.infra import Infrastructure, infrastructure
 from dispatcher.testing.chaos.load import (
@@ -197,6 +198,12 @@ async def _run(
         lifted = time.monotonic()
         settled = await _settle(engine, options.settle_timeout)
         done = time.monotonic()
+        # Taken at once, while whatever kept the run from settling still holds.
+        diagnosis = (
+            []
+            if settled
+            else await diagnose(engine, work / "logs", env["TOOL_DISPATCHER_DISPATCH_TOPIC"])
+        )
         stop_approver.set()
         await approving
         await load.close()
@@ -213,7 +220,7 @@ async def _run(
             hostile_misanswered=load.stats.hostile_misanswered,
             valid_refused=load.stats.valid_refused,
         )
-        return _report(
+        report = _report(
             options,
             infra,
             work,
@@ -225,6 +232,8 @@ async def _run(
             since_last_fault_seconds=done - (injector.last_injected or lifted) if settled else None,
             wall_seconds=time.monotonic() - started,
         )
+        report.notes += diagnosis
+        return report
     finally:
         if watcher is not None:
             watcher.cancel()

@@ -50,7 +50,9 @@ class Supervisor:
     def add(
         self, name: str, role: str, argv: Sequence[str], env: Mapping[str, str] | None = None
     ) -> Managed:
-        managed = Managed(name, role, list(argv), {**self.env, **(env or {})})
+        # libpq names the process's database sessions after it (pg_stat_activity's
+        # application_name), so a diagnosis can tell whose transaction holds a lock.
+        managed = Managed(name, role, list(argv), {**self.env, "PGAPPNAME": name, **(env or {})})
         self.processes[name] = managed
         return managed
 
