@@ -286,6 +286,9 @@ async def test_the_loop_settles_pass_after_pass_until_stopped(
     loop = asyncio.create_task(new_reconciler(sessions, registry, http).run(stop, 0.05))
 
     await confirmed(sessions, first)
+    # Only once the first pass has ended: the fixture's rows are due a second ago, so one
+    # inserted while that pass's other lane still claims would be in the first pass.
+    await pass_logged(caplog)
     # Found by a later pass, once the loop has waited out its interval.
     (later,) = await insert_unknown_calls(sessions, ["k-later"], "refund")
     await confirmed(sessions, later)
@@ -296,6 +299,14 @@ async def test_the_loop_settles_pass_after_pass_until_stopped(
     assert not [r.getMessage() for r in loop_logs if r.levelno >= logging.ERROR]
     passes = [m for r in loop_logs if (m := r.getMessage()).startswith("reconcile pass:")]
     assert [p.split(", ")[0] for p in passes] == ["reconcile pass: confirmed_success: 1"] * 2
+
+
+async def pass_logged(caplog: pytest.LogCaptureFixture) -> None:
+    for _ in range(500):
+        if any(r.getMessage().startswith("reconcile pass:") for r in caplog.records):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the first pass never ended")
 
 
 async def confirmed(sessions: async_sessionmaker[AsyncSession], call: str) -> None:

@@ -207,19 +207,7 @@ async def _run(
         stop_approver.set()
         await approving
         await load.close()
-        evidence = await gather(
-            engine,
-            sandbox_url,
-            [a.tool_call_id for a in load.stats.acks],
-            [
-                f"{m.original} answered {m.http_status} {m.answered}"
-                for m in load.stats.replay_mismatches
-            ],
-            read_only={READ_ONLY},
-            dispatch_topic=env["TOOL_DISPATCHER_DISPATCH_TOPIC"],
-            hostile_misanswered=load.stats.hostile_misanswered,
-            valid_refused=load.stats.valid_refused,
-        )
+        evidence = await _evidence(engine, sandbox_url, load, env)
         report = _report(
             options,
             infra,
@@ -240,6 +228,25 @@ async def _run(
         await asyncio.to_thread(supervisor.stop_all)
         await proxy.stop()
         await engine.dispose()
+
+
+async def _evidence(
+    engine: AsyncEngine, sandbox_url: str, load: Load, env: Mapping[str, str]
+) -> Evidence:
+    """What the invariants are checked against: the database, the sandbox and the load's stats."""
+    return await gather(
+        engine,
+        sandbox_url,
+        [a.tool_call_id for a in load.stats.acks],
+        [
+            f"{m.original} answered {m.http_status} {m.answered}"
+            for m in load.stats.replay_mismatches
+        ],
+        read_only={READ_ONLY},
+        dispatch_topic=env["TOOL_DISPATCHER_DISPATCH_TOPIC"],
+        hostile_misanswered=load.stats.hostile_misanswered,
+        valid_refused=load.stats.valid_refused,
+    )
 
 
 async def _make_topics(infra: Infrastructure, env: Mapping[str, str]) -> None:
