@@ -19,6 +19,7 @@ def relay_config(settings: Settings) -> outbox_relay.RelayConfig:
         database_url=settings.database_url,
         kafka_bootstrap=settings.kafka_bootstrap,
         enable_idempotence=settings.kafka_enable_idempotence,
+        metadata_max_age_ms=settings.kafka_metadata_max_age_ms,
         # Rows name the topics the dispatcher's settings chose and created: published as
         # they are, no prefix, no renaming.
         table=outbox.name,

@@ -179,6 +179,9 @@ class Settings(BaseSettings):
     lease_margin_seconds: float = Field(default=5.0, ge=0)
     # How soon the group notices a dead worker and hands its partitions over.
     kafka_session_timeout_ms: int = Field(default=10_000, ge=1000)
+    # How soon the relay's producer and the workers' consumers see a topic's partitions
+    # change (an operator adding some) without an error to tell them: aiokafka's 5 min.
+    kafka_metadata_max_age_ms: int = Field(default=300_000, ge=100)
     recovery_interval_seconds: float = Field(default=2.0, gt=0)
     # A call authorized this long without a dispatch command in flight lost it (a broker
     # that forgot its messages): its command is written again (dispatcher.worker.redrive).

@@ -63,6 +63,8 @@ class RelayConfig:
     max_message_bytes: int = 1_048_576
     """Larger messages are dead-lettered without being sent."""
     linger_ms: int = 0
+    metadata_max_age_ms: int = 300_000
+    """How soon the producer sees a topic's partitions change without an error saying so."""
 
     def __post_init__(self) -> None:
         if not _IDENTIFIER.match(self.table):
@@ -90,6 +92,8 @@ class RelayConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
+        if self.metadata_max_age_ms <= 0:
+            raise ValueError("metadata_max_age_ms must be positive")
         if self.linger_ms < 0:
             raise ValueError("linger_ms must not be negative")
         if self.retention < timedelta(0):

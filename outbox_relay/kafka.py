@@ -102,6 +102,7 @@ def build_producer(config: RelayConfig) -> AIOKafkaProducer:
         request_timeout_ms=config.request_timeout_ms,
         max_request_size=config.max_message_bytes,
         linger_ms=config.linger_ms,
+        metadata_max_age_ms=config.metadata_max_age_ms,
         max_batch_size=256 * 1024,
     )
 

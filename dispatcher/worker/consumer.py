@@ -90,22 +90,7 @@ async def run_worker(
         crash=CrashPoints(settings.crash_at),
         concurrency=settings.worker_concurrency,
     )
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=settings.worker_group_id,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
-        max_poll_records=settings.worker_batch_size,
-        # A batch is processed between two fetches: a slow provider must not get the
-        # worker taken out of the group (aiokafka's default is 300 s; a batch of 500
-        # at 64 in flight with the default retry policy may take 560).
-        max_poll_interval_ms=int(
-            1000 * (executor.longest_batch_seconds(settings.worker_batch_size) + 30)
-        ),
-        session_timeout_ms=settings.kafka_session_timeout_ms,
-        heartbeat_interval_ms=max(300, settings.kafka_session_timeout_ms // 4),
-    )
+    consumer = build_consumer(settings, executor.longest_batch_seconds(settings.worker_batch_size))
     consumer.subscribe([settings.dispatch_topic], listener=membership)
     await consumer.start()
     sweeper = asyncio.create_task(_sweep(settings, registry, sessions, stop))
@@ -149,6 +134,25 @@ class GroupMembership(ConsumerRebalanceListener):  # type: ignore[misc]
 
 _LAGGING: set[int] = set()
 """Partitions this process has set a lag for (to clear those it no longer holds)."""
+
+
+def build_consumer(settings: Settings, longest_batch_seconds: float) -> AIOKafkaConsumer:
+    """The worker's consumer of commands: offsets committed by hand, after the batch."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=settings.worker_group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
+        max_poll_records=settings.worker_batch_size,
+        # A batch is processed between two fetches: a slow provider must not get the
+        # worker taken out of the group (aiokafka's default is 300 s; a batch of 500
+        # at 64 in flight with the default retry policy may take 560).
+        max_poll_interval_ms=int(1000 * (longest_batch_seconds + 30)),
+        session_timeout_ms=settings.kafka_session_timeout_ms,
+        heartbeat_interval_ms=max(300, settings.kafka_session_timeout_ms // 4),
+        metadata_max_age_ms=settings.kafka_metadata_max_age_ms,
+    )
 
 
 def observe_lag(

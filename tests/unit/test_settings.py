@@ -21,7 +21,9 @@ from dispatcher.settings import (
     load_settings,
     to_sqlalchemy_url,
 )
+from dispatcher.worker.consumer import build_consumer
 from outbox_relay import RelayConfig
+from outbox_relay.kafka import build_producer
 
 GOOD_HASH = hashlib.sha256(b"k").hexdigest()
 
@@ -145,6 +147,7 @@ NOT_RELAY_SETTINGS = {
     "database_url": "the top-level database_url",
     "kafka_bootstrap": "the top-level kafka_bootstrap",
     "enable_idempotence": "the top-level kafka_enable_idempotence",
+    "metadata_max_age_ms": "the top-level kafka_metadata_max_age_ms (the workers' too)",
     "table": "the dispatcher's own outbox table, made by its migrations",
     "topic_prefix": "rows carry the topics the *_topic settings named and created",
     "topic_map": "rows carry the topics the *_topic settings named and created",
@@ -181,6 +184,7 @@ def test_relay_settings_from_the_environment_reach_the_relay(
     for name, (raw, _) in RELAY_ENVIRONMENT.items():
         monkeypatch.setenv(f"TOOL_DISPATCHER_RELAY__{name.upper()}", raw)
     monkeypatch.setenv("TOOL_DISPATCHER_KAFKA_ENABLE_IDEMPOTENCE", "false")
+    monkeypatch.setenv("TOOL_DISPATCHER_KAFKA_METADATA_MAX_AGE_MS", "2500")
 
     config = relay_config(
         load_settings({"database_url": "postgresql://db/app", "kafka_bootstrap": "k:9092"})
@@ -190,6 +194,7 @@ def test_relay_settings_from_the_environment_reach_the_relay(
         assert getattr(config, name) == value != getattr(defaults, name), name
     assert (config.database_url, config.kafka_bootstrap) == ("postgresql://db/app", "k:9092")
     assert config.enable_idempotence is False
+    assert config.metadata_max_age_ms == 2500 != defaults.metadata_max_age_ms
     assert (config.table, config.topic_prefix, dict(config.topic_map)) == ("outbox", "", {})
 
 
@@ -216,3 +221,25 @@ def test_the_log_settings() -> None:
     assert (settings.log_format, settings.log_level) == ("json", "DEBUG")
     with pytest.raises(ValueError, match="log_format"):
         load_settings({"log_format": "xml"})
+
+
+async def test_the_kafka_clients_take_their_metadata_age_from_the_settings() -> None:
+    """A client sees a topic's partitions change only at its next metadata refresh (no
+    error tells it): the relay's producer and the worker's consumer both refresh at the
+    configured age."""
+    settings = load_settings(
+        {
+            "database_url": "postgresql://db/app",
+            "kafka_bootstrap": "127.0.0.1:9",
+            "kafka_metadata_max_age_ms": 1500,
+        }
+    )
+    producer = build_producer(relay_config(settings))
+    consumer = build_consumer(settings, longest_batch_seconds=60)
+    try:
+        assert producer.client._metadata_max_age_ms == 1500
+        assert consumer._client._metadata_max_age_ms == 1500
+        assert consumer._max_poll_interval_ms == 90_000
+    finally:
+        await producer.stop()
+        await consumer.stop()

@@ -16,9 +16,9 @@ from psycopg import sql
 
 from dispatcher.db import migrate
 from dispatcher.settings import Settings
+from dispatcher.testing.chaos.topics import restore_topics
 from dispatcher.testing.databases import with_database
 from dispatcher.testing.embedded import EmbeddedPostgres, Tansu
-from dispatcher.topics import ensure_topics
 
 
 @dataclass
@@ -49,9 +49,8 @@ class Infrastructure:
             await asyncio.to_thread(self.broker.start)
             if self.topics is not None:
                 # A real broker keeps its topics through a restart; this one forgets
-                # them too, so they are provisioned again as an operator would, with
-                # their partitions, before a producer's write auto-creates them.
-                await ensure_topics(self.topics)
+                # them, so they are provisioned again as an operator would.
+                await restore_topics(self.topics)
 
     async def stop_database(self) -> None:
         if self.pg is not None:

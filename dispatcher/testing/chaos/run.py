@@ -133,6 +133,9 @@ def chaos_env(
         "TOOL_DISPATCHER_REDRIVE_AFTER_SECONDS": "5",
         "TOOL_DISPATCHER_REDRIVE_INTERVAL_SECONDS": "1",
         "TOOL_DISPATCHER_KAFKA_SESSION_TIMEOUT_MS": "6000",
+        # A client that saw a topic Tansu auto-created after a restart, with too few
+        # partitions, sees it again with all of them soon after (chaos.topics repairs it).
+        "TOOL_DISPATCHER_KAFKA_METADATA_MAX_AGE_MS": "1000",
         "TOOL_DISPATCHER_RECONCILE_INTERVAL_SECONDS": "0.5",
         "TOOL_DISPATCHER_RECONCILE_LEASE_SECONDS": "5",
         "TOOL_DISPATCHER_RECONCILE_CONCURRENCY": "16",
