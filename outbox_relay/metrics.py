@@ -3,11 +3,17 @@ serves them). Labelled by outbox table, so one process may relay several outboxe
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_left
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from outbox_relay.settle import Settlement
+
+log = logging.getLogger("outbox_relay.relay")
 
 BACKLOG = Gauge(
     "outbox_relay_backlog_rows",
@@ -93,3 +99,36 @@ def observe_many(histogram: Histogram, values: Iterable[float]) -> None:
         if count:
             bucket.inc(count)
     total.inc(amount)
+
+
+def count_settlement(result: Settlement, labels: dict[str, str]) -> None:
+    """Count a finished batch, and say what an operator must hear of: dead letters and
+    rows held back behind a failed one (logged as the relay's own records)."""
+    if result.published:
+        PUBLISHED.labels(**labels).inc(len(result.published))
+        now = datetime.now(UTC).timestamp()
+        observe_many(
+            LATENCY.labels(**labels),
+            [now - row.created_at.timestamp() for row in result.published],
+        )
+    for row, error in result.dead:
+        DEAD_LETTERED.labels(**labels).inc()
+        PUBLISH_ERRORS.labels(kind="permanent", **labels).inc()
+        log.error(
+            "outbox row %s (key %r, topic %r) dead-lettered: %s; later rows of this key "
+            "wait until it is retried or discarded",
+            row.id,
+            row.key,
+            row.topic,
+            error,
+        )
+    if result.failed:
+        PUBLISH_ERRORS.labels(kind="transient", **labels).inc(len(result.failed))
+    if result.held_back:
+        REORDERED.labels(**labels).inc(len(result.held_back))
+        log.warning(
+            "%d row(s) were acknowledged behind a failed row of their key and will be "
+            "sent again after it (first id %s)",
+            len(result.held_back),
+            result.held_back[0].id,
+        )

@@ -204,6 +204,20 @@ class Queries:
         )
 
 
+async def relay_session(conn: AsyncConnection[object]) -> None:
+    """Set up a relay connection: plain index scans (below), and commits that return
+    before their WAL reaches the disk.
+
+    A server crash may lose the last of the relay's writes without breaking a promise:
+    a lost mark means its rows are sent again (at least once; consumers drop the copy
+    by ``ce_id``), in the same order, since WAL is flushed in order and what a crash
+    loses is a suffix of the relay's commits; a lost lease renewal or failure count is
+    made again. Waiting for the flush was a millisecond or more of every batch.
+    """
+    await plain_index_scans(conn)
+    await conn.execute("SET synchronous_commit = off")
+
+
 async def plain_index_scans(conn: AsyncConnection[object]) -> None:
     """Set up a relay connection: its statements go through their indexes, as plain
     index scans, and are never JIT-compiled.

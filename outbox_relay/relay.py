@@ -60,7 +60,7 @@ from outbox_relay.backoff import Backoff
 from outbox_relay.config import RelayConfig
 from outbox_relay.kafka import OutboxRow, TopicGate, build_producer, is_permanent, kafka_headers
 from outbox_relay.leases import LaneLeases
-from outbox_relay.queries import Queries, plain_index_scans
+from outbox_relay.queries import Queries, relay_session
 from outbox_relay.retention import purge_batches
 from outbox_relay.schedule import heartbeat_waits, purge_due
 from outbox_relay.settle import NOT_SENT, Outcome, Settlement, settle
@@ -109,7 +109,7 @@ class Relay:
             min_size=2,
             max_size=4,
             kwargs={"autocommit": True},
-            configure=plain_index_scans,
+            configure=relay_session,
             open=False,
             timeout=max(5.0, config.lease_ttl),
             name=f"outbox-relay-{config.table}",
@@ -177,7 +177,7 @@ class Relay:
                 raise
             result = settle(rows, outcomes)
             await self._record(conn, result)
-        self._count(result)
+        metrics.count_settlement(result, self._labels)
         if result.transient:
             self._gate.forget()
             row, error = result.failed[0]
@@ -278,6 +278,13 @@ class Relay:
         return outcomes
 
     async def _record(self, conn: Connection, result: Settlement) -> None:
+        if not result.dead and not result.failed:
+            # The usual batch: one statement, no BEGIN and COMMIT round trips around it.
+            if result.published:
+                await conn.execute(
+                    self.queries.mark_published, {"ids": [r.id for r in result.published]}
+                )
+            return
         async with conn.transaction():
             if result.published:
                 await conn.execute(
@@ -294,37 +301,6 @@ class Relay:
                         self.queries.record_failure,
                         [{"id": r.id, "error": e} for r, e in result.failed],
                     )
-
-    def _count(self, result: Settlement) -> None:
-        labels = self._labels
-        if result.published:
-            metrics.PUBLISHED.labels(**labels).inc(len(result.published))
-            now = datetime.now(UTC).timestamp()
-            metrics.observe_many(
-                metrics.LATENCY.labels(**labels),
-                [now - row.created_at.timestamp() for row in result.published],
-            )
-        for row, error in result.dead:
-            metrics.DEAD_LETTERED.labels(**labels).inc()
-            metrics.PUBLISH_ERRORS.labels(kind="permanent", **labels).inc()
-            log.error(
-                "outbox row %s (key %r, topic %r) dead-lettered: %s; later rows of this key "
-                "wait until it is retried or discarded",
-                row.id,
-                row.key,
-                row.topic,
-                error,
-            )
-        if result.failed:
-            metrics.PUBLISH_ERRORS.labels(kind="transient", **labels).inc(len(result.failed))
-        if result.held_back:
-            metrics.REORDERED.labels(**labels).inc(len(result.held_back))
-            log.warning(
-                "%d row(s) were acknowledged behind a failed row of their key and will be "
-                "sent again after it (first id %s)",
-                len(result.held_back),
-                result.held_back[0].id,
-            )
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         every, retry = heartbeat_waits(self.config.lease_ttl)

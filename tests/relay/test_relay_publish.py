@@ -225,3 +225,17 @@ async def test_the_blocked_rows_are_found_from_the_dead_letters_index(
             plan = "\n".join(row[0] for row in await cur.fetchall())
     assert "Index Scan using ix_outbox_dead_letters on outbox x" in plan, plan
     assert "Seq Scan" not in plan, plan
+
+
+async def test_the_relay_commits_without_waiting_for_the_wal_flush(
+    database_url: str, kafka_bootstrap: str
+) -> None:
+    """A crash may lose only a suffix of the relay's marks (rows sent again, in order),
+    so its commits do not wait for the disk; every other writer's still do."""
+    async with Relay(relay_config(database_url, kafka_bootstrap)) as relay:
+        async with relay._pool.connection() as conn:
+            cur = await conn.execute("SHOW synchronous_commit")
+            assert await cur.fetchone() == ("off",)
+    async with await psycopg.AsyncConnection.connect(database_url) as other:
+        cur = await other.execute("SHOW synchronous_commit")
+        assert await cur.fetchone() == ("on",)
