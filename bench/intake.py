@@ -68,7 +68,7 @@ from dispatcher.testing.embedded import free_port, wait_for_port
 from dispatcher.testing.registries import SANDBOX_REGISTRY, sandbox_registry
 
 ROOT = Path(__file__).resolve().parent.parent
-MODES = ("library", "session", "http", "pgbench", "psycopg")
+MODES = ("library", "session", "http", "http-cores", "pgbench", "psycopg")
 TENANT = "bench"
 CAPABILITY = "send-email"  # no approval, no key template: one call, two events, one command
 INPUT = {"to": "customer@example.com", "subject": "Your refund", "orderId": "o-1001"}
@@ -76,7 +76,12 @@ TOPIC = "tool-dispatcher.commands"
 EVENTS_TOPIC = "tool-dispatcher.events"
 PRODUCER = "tool-dispatcher.intake"
 # Targets at 16 clients (issue 15).
-TARGETS = {"library/session": 0.9, "library/psycopg": 0.75, "http/pgbench": 0.6}
+TARGETS = {
+    "library/session": 0.9,
+    "library/psycopg": 0.75,
+    "http/pgbench": 0.6,
+    "http-cores/pgbench": 0.6,
+}
 TARGET_CLIENTS = 16
 NOISY_OTHER_LOAD = 25.0
 
@@ -477,56 +482,85 @@ async def api_process(
 
 
 async def run_http(url: str, clients: int, seconds: float, warmup: float) -> Cell:
+    return await _http_cell("http", url, clients, seconds, warmup, processes=1)
+
+
+async def run_http_per_core(url: str, clients: int, seconds: float, warmup: float) -> Cell:
+    """As deployed on this machine: one API process per core (the API is one Python
+    process, so it uses one core; PostgreSQL's backends use them all), the clients
+    split evenly between them, each kept on one as a load balancer would."""
+    cores = psutil.cpu_count() or 1
+    return await _http_cell("http-cores", url, clients, seconds, warmup, processes=cores)
+
+
+async def _http_cell(
+    mode: str, url: str, clients: int, seconds: float, warmup: float, *, processes: int
+) -> Cell:
     key = "tdk_bench_" + secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="td-http-") as tmp:
-        log = Path(tmp, "server.log")
-        async with api_process(url, clients, key, log) as (port, pid):
+        logs = [Path(tmp, f"server-{n}.log") for n in range(processes)]
+        async with contextlib.AsyncExitStack() as stack:
+            pool = -(-clients // processes)
+            servers = [
+                await stack.enter_async_context(api_process(url, pool, key, log)) for log in logs
+            ]
             loop = asyncio.get_running_loop()
+            ports = [servers[i % processes][0] for i in range(clients)]
             conns = [
                 (await loop.create_connection(_HttpConnection, "127.0.0.1", port))[1]
-                for _ in range(clients)
+                for port in ports
             ]
-
-            def client(i: int, conn: _HttpConnection) -> Call:
-                body = json.dumps(
-                    {"runId": f"run-{i}", "capabilityId": CAPABILITY, "input": INPUT}
-                ).encode()
-                raw = (
-                    f"POST /v1/tool-calls HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                    f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n\r\n"
-                ).encode() + body
-
-                async def call() -> None:
-                    status, answer = await conn.request(raw)
-                    if status != 201:
-                        raise RuntimeError(f"HTTP {status}: {answer[:200]!r}")
-
-                return call
-
-            server = psutil.Process(pid)
+            procs = [psutil.Process(pid) for _, pid in servers]
+            me = psutil.Process()
+            database = make_url(url).database or ""
+            meter = CpuMeter(
+                {
+                    "client": lambda: [me],
+                    "server": lambda: procs,
+                    "postgres": lambda: postgres_processes(database),
+                }
+            )
             try:
                 cell = await drive(
-                    Cell("http", clients),
-                    [client(i, c) for i, c in enumerate(conns)],
+                    Cell(mode, clients),
+                    [_http_client(i, c, ports[i], key) for i, c in enumerate(conns)],
                     seconds=seconds,
                     warmup=warmup,
-                    cpu=_meter(url, client=psutil.Process(), server=server),
+                    cpu=meter,
                 )
             finally:
                 for conn in conns:
                     conn.close()
         if cell.errors or not cell.calls:
-            text = await asyncio.to_thread(log.read_text, errors="replace")
+            text = "".join(
+                [await asyncio.to_thread(log.read_text, errors="replace") for log in logs]
+            )
             tail = text.strip().splitlines()[-3:]
             cell.note = (cell.note + " | server: " + " / ".join(tail))[:300]
     return cell
+
+
+def _http_client(i: int, conn: _HttpConnection, port: int, key: str) -> Call:
+    body = json.dumps({"runId": f"run-{i}", "capabilityId": CAPABILITY, "input": INPUT}).encode()
+    raw = (
+        f"POST /v1/tool-calls HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+    async def call() -> None:
+        status, answer = await conn.request(raw)
+        if status != 201:
+            raise RuntimeError(f"HTTP {status}: {answer[:200]!r}")
+
+    return call
 
 
 RUNNERS = {
     "library": run_library,
     "session": run_session,
     "http": run_http,
+    "http-cores": run_http_per_core,
     "pgbench": run_pgbench,
     "psycopg": run_psycopg,
 }
@@ -543,7 +577,9 @@ def app_cpu_per_call(cell: Cell) -> float:
     """CPU µs per call of the process running the intake code (the bench process for
     library/psycopg, the server for http, PostgreSQL for pgbench). Contention from
     other work on the machine moves it far less than it moves calls/s."""
-    role = {"http": "server", "pgbench": "postgres"}.get(cell.mode, "client")
+    role = {"http": "server", "http-cores": "server", "pgbench": "postgres"}.get(
+        cell.mode, "client"
+    )
     if role not in cell.cpu or not cell.rate:
         return math.nan
     return cell.cpu[role] / 100 / cell.rate * 1e6
