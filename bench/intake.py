@@ -231,10 +231,13 @@ class ScratchDatabases:
 # --- the four modes ---------------------------------------------------------------
 
 
-def _meter(url: str, **roles: psutil.Process) -> CpuMeter:
-    """CPU of the given processes and of the PostgreSQL processes serving ``url``."""
+def _meter(url: str, **roles: psutil.Process | list[psutil.Process]) -> CpuMeter:
+    """CPU of the given processes (a role may be several) and of the PostgreSQL
+    processes serving ``url``."""
     database = make_url(url).database or ""
-    groups = {name: (lambda p=proc: [p]) for name, proc in roles.items()}
+    groups = {
+        name: (lambda p=procs: p if isinstance(p, list) else [p]) for name, procs in roles.items()
+    }
     return CpuMeter({**groups, "postgres": lambda: postgres_processes(database)})
 
 
@@ -511,15 +514,7 @@ async def _http_cell(
                 for port in ports
             ]
             procs = [psutil.Process(pid) for _, pid in servers]
-            me = psutil.Process()
-            database = make_url(url).database or ""
-            meter = CpuMeter(
-                {
-                    "client": lambda: [me],
-                    "server": lambda: procs,
-                    "postgres": lambda: postgres_processes(database),
-                }
-            )
+            meter = _meter(url, client=psutil.Process(), server=procs)
             try:
                 cell = await drive(
                     Cell(mode, clients),

@@ -209,13 +209,6 @@ async def run_in_process(url: str, bootstrap: str, batch: int) -> None:
         await task
 
 
-async def checkpoint(url: str) -> None:
-    """Write out what the earlier rounds left in shared buffers (hundreds of MB of
-    outbox rows), so a checkpoint they started does not land in a latency round."""
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await conn.execute("CHECKPOINT")
-
-
 async def latency(url: str, bootstrap: str, rate: int, seconds: float) -> list[float]:
     """Commit-to-consumer latency of single-row transactions written at ``rate``/s."""
     total = int(rate * seconds)
@@ -340,7 +333,6 @@ async def main() -> None:
         p99s: list[float] = []
         floor99s: list[float] = []
         for _ in range(args.rounds):
-            await checkpoint(url)
             if broker is not None:
                 # A fresh broker for each latency round: Tansu is a memory store that
                 # slows as its partitions grow (bench.relay_latency), and holds the
