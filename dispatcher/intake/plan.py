@@ -4,12 +4,12 @@ statement (:mod:`dispatcher.intake.statement`) writes them all."""
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dispatcher.capabilities import Capability
+from dispatcher.ids import random_hex
 from dispatcher.ledger.events import CallContext, EventType, event_message, event_row
 from dispatcher.ledger.messages import DispatchCommand, Producer
 from dispatcher.schemas import SubmitRequest
@@ -106,7 +106,7 @@ def _approval(prep: Prepared) -> dict[str, Any]:
     # The application's clock: the same instant goes into the row and the event.
     expires_at = datetime.now(UTC) + timedelta(seconds=capability.approval_ttl_seconds)
     return {
-        "approval_id": f"apr_{uuid.uuid4().hex}",
+        "approval_id": f"apr_{random_hex()}",
         "tool_call_id": prep.values["tool_call_id"],
         "tenant": prep.tenant,
         "run_id": prep.values["run_id"],

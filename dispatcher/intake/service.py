@@ -14,7 +14,6 @@ committed at the same moment.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +30,7 @@ from dispatcher.errors import (
     ToolCallIdConflict,
     ValidationFailed,
 )
+from dispatcher.ids import random_uuid
 from dispatcher.intake.approvals import asked_approval, recorded_approvals
 from dispatcher.intake.keys import default_key, fingerprint
 from dispatcher.intake.plan import Prepared, plan_created
@@ -176,7 +176,7 @@ def _prepare(
         raise ValidationFailed(
             f"capability {capability.id!r} is disabled", capabilityId=capability.id
         )
-    tool_call_id = request.tool_call_id or str(uuid.uuid4())
+    tool_call_id = request.tool_call_id or random_uuid()
     # The provider's key space is shared by every tenant (credentials are per
     # capability), and a toolCallId is unique only within its tenant: a key made of
     # the bare id would let two tenants' calls answer for each other at the provider.

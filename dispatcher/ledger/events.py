@@ -7,7 +7,6 @@ each is published on the events topic through the outbox (:mod:`dispatcher.ledge
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,6 +17,7 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import execution_events
+from dispatcher.ids import random_hex
 from dispatcher.ledger.messages import Producer, ce_source, enqueue, outbox_row
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from outbox_relay.table import CLOUDEVENTS_SPEC_VERSION
@@ -89,7 +89,7 @@ _INSERT_EVENTS = insert(execution_events)
 
 
 def new_event_id() -> str:
-    return f"evt_{uuid.uuid4().hex}"
+    return f"evt_{random_hex()}"
 
 
 def event_row(

@@ -20,6 +20,7 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import outbox
+from dispatcher.ids import random_uuid
 from dispatcher.settings import Topics
 from outbox_relay import OutboxMessage
 
@@ -66,8 +67,7 @@ def outbox_row(
     The id (fresh unless given) and time are fixed here, so every re-publish carries
     the same. ``headers`` are further message headers (a ``traceparent``)."""
     fixed: dict[str, Any] = {"headers": dict(headers)} if headers else {}
-    if message_id is not None:
-        fixed["message_id"] = message_id
+    fixed["message_id"] = message_id if message_id is not None else random_uuid()
     if time is not None:
         fixed["time"] = time
     return OutboxMessage(
