@@ -3,6 +3,9 @@ machine measured in the same run:
 
   library  ``dispatcher.intake.service.submit`` in the caller's transaction (SQLAlchemy async,
            psycopg 3, pool size = clients)
+  library-psycopg  the same ``submit()`` in a caller's raw psycopg transaction
+           (AsyncConnectionPool, the psycopg ceiling's pool): the library for a caller
+           without SQLAlchemy
   session  the SQL ``submit()`` sends, captured from it, sent through the caller's
            ``AsyncSession`` (same engine and pool), one transaction per call: the fair
            ceiling of a library call in the caller's transaction (bench.intake_session)
@@ -17,7 +20,7 @@ inherits another's table growth. Run it as::
 
     .venv/bin/python -m bench.intake [--seconds 6] [--clients 1,16,64]
         [--database-url postgresql://postgres@127.0.0.1:5432/postgres]
-        [--only library,session,http,pgbench,psycopg]
+        [--only library,library-psycopg,session,http,pgbench,psycopg]
 """
 
 from __future__ import annotations
@@ -36,12 +39,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 import psycopg
+from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy.engine import make_url
@@ -68,7 +73,7 @@ from dispatcher.testing.embedded import free_port, wait_for_port
 from dispatcher.testing.registries import SANDBOX_REGISTRY, sandbox_registry
 
 ROOT = Path(__file__).resolve().parent.parent
-MODES = ("library", "session", "http", "http-cores", "pgbench", "psycopg")
+MODES = ("library", "library-psycopg", "session", "http", "http-cores", "pgbench", "psycopg")
 TENANT = "bench"
 CAPABILITY = "send-email"  # no approval, no key template: one call, two events, one command
 INPUT = {"to": "customer@example.com", "subject": "Your refund", "orderId": "o-1001"}
@@ -79,6 +84,7 @@ PRODUCER = "tool-dispatcher.intake"
 TARGETS = {
     "library/session": 0.9,
     "library/psycopg": 0.75,
+    "library-psycopg/psycopg": 0.75,
     "http/pgbench": 0.6,
     "http-cores/pgbench": 0.6,
 }
@@ -248,18 +254,24 @@ def library_engine(url: str, clients: int) -> AsyncEngine:
 
 def library_client(sessions: async_sessionmaker[AsyncSession], run: str) -> Call:
     """One client's call: ``submit()`` in a transaction of its own."""
-    registry = sandbox_registry()
+    intake = _submitter(run)
 
     async def call() -> None:
         async with sessions() as session, session.begin():
-            await submit(
-                session,
-                SubmitRequest(run_id=run, capability_id=CAPABILITY, input=INPUT),
-                tenant=TENANT,
-                registry=registry,
-            )
+            await intake(session)
 
     return call
+
+
+def _submitter(run: str) -> Callable[[AsyncSession | AsyncConnection[Any]], Awaitable[object]]:
+    """The library call a client makes, in whichever transaction it is given."""
+    registry = sandbox_registry()
+
+    def intake(transaction: AsyncSession | AsyncConnection[Any]) -> Awaitable[object]:
+        request = SubmitRequest(run_id=run, capability_id=CAPABILITY, input=INPUT)
+        return submit(transaction, request, tenant=TENANT, registry=registry)
+
+    return intake
 
 
 async def run_library(url: str, clients: int, seconds: float, warmup: float) -> Cell:
@@ -275,6 +287,21 @@ async def run_library(url: str, clients: int, seconds: float, warmup: float) -> 
         )
     finally:
         await engine.dispose()
+
+
+def library_psycopg_client(pool: AsyncConnectionPool, run: str) -> Call:
+    """One client's call: ``submit()`` in a psycopg transaction of its own."""
+    intake = _submitter(run)
+
+    async def call() -> None:
+        async with pool.connection() as conn:  # commits on exit
+            await intake(conn)
+
+    return call
+
+
+async def run_library_psycopg(url: str, clients: int, seconds: float, warmup: float) -> Cell:
+    return await _on_pool("library-psycopg", library_psycopg_client, url, clients, seconds, warmup)
 
 
 async def run_session(url: str, clients: int, seconds: float, warmup: float) -> Cell:
@@ -338,12 +365,24 @@ def psycopg_client(pool: AsyncConnectionPool, run: str) -> Call:
 
 
 async def run_psycopg(url: str, clients: int, seconds: float, warmup: float) -> Cell:
+    return await _on_pool("psycopg", psycopg_client, url, clients, seconds, warmup)
+
+
+async def _on_pool(
+    mode: str,
+    client: Callable[[AsyncConnectionPool, str], Call],
+    url: str,
+    clients: int,
+    seconds: float,
+    warmup: float,
+) -> Cell:
+    """A cell whose clients share one raw psycopg pool, one connection each."""
     pool = AsyncConnectionPool(url, min_size=clients, max_size=clients, open=False)
     await pool.open(wait=True)
     try:
         return await drive(
-            Cell("psycopg", clients),
-            [psycopg_client(pool, f"run-{i}") for i in range(clients)],
+            Cell(mode, clients),
+            [client(pool, f"run-{i}") for i in range(clients)],
             seconds=seconds,
             warmup=warmup,
             cpu=_meter(url, client=psutil.Process()),
@@ -553,6 +592,7 @@ def _http_client(i: int, conn: _HttpConnection, port: int, key: str) -> Call:
 
 RUNNERS = {
     "library": run_library,
+    "library-psycopg": run_library_psycopg,
     "session": run_session,
     "http": run_http,
     "http-cores": run_http_per_core,

@@ -18,11 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic_core import PydanticCustomError
-from sqlalchemy import select, tuple_
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.db.tables import runs, tool_calls
 from dispatcher.errors import (
     DispatcherError,
     IdempotencyKeyReused,
@@ -31,12 +28,22 @@ from dispatcher.errors import (
     ValidationFailed,
 )
 from dispatcher.ids import random_uuid
-from dispatcher.intake.approvals import asked_approval, recorded_approvals
+from dispatcher.intake.approvals import asked_approval
 from dispatcher.intake.keys import default_key, fingerprint
 from dispatcher.intake.plan import Prepared, plan_created
-from dispatcher.intake.statement import write_intake
+from dispatcher.intake.statement import (
+    APPROVALS_OF,
+    STOPPED_RUNS,
+    STORED_BY_BARE_ID,
+    STORED_BY_KEY,
+    CallerTransaction,
+    Transaction,
+    pairs,
+    write_intake,
+)
 from dispatcher.schemas import (
     KEY_MAX_LENGTH,
+    ApprovalRef,
     Submission,
     SubmitRequest,
     ToolCallView,
@@ -48,7 +55,7 @@ from dispatcher.tracing import Trace, annotate, submit_span
 
 
 async def submit(
-    session: AsyncSession,
+    session: Transaction,
     request: SubmitRequest,
     *,
     tenant: str,
@@ -57,6 +64,9 @@ async def submit(
     submitted_by: str | None = None,
 ) -> Submission:
     """Record ``request`` inside the caller's open transaction; the caller commits.
+
+    ``session`` is that transaction: a SQLAlchemy ``AsyncSession`` (psycopg 3) or a
+    psycopg ``AsyncConnection``; every statement goes through its psycopg connection.
 
     Nothing is committed here, so a producer's own domain write, the tool call and
     its outbox row commit or roll back together. Raises a :class:`DispatcherError`
@@ -83,7 +93,7 @@ async def submit(
 
 
 async def submit_many(
-    session: AsyncSession,
+    session: Transaction,
     items: Sequence[tuple[SubmitRequest, str]],
     *,
     registry: CapabilityRegistry,
@@ -97,6 +107,7 @@ async def submit_many(
     disturb the others. ``submitted_by``, parallel to ``items``, names each submitter;
     ``traces``, also parallel, the trace context each was submitted in.
     """
+    tx = await CallerTransaction.of(session)
     outcomes: list[Submission | DispatcherError | None] = [None] * len(items)
     prepared: dict[int, Prepared] = {}
     submitters = list(submitted_by) if submitted_by is not None else [None] * len(items)
@@ -108,24 +119,7 @@ async def submit_many(
             outcomes[i] = exc
 
     if prepared:
-        # Sorted by key so that concurrent batches take their conflict locks in the
-        # same order and cannot deadlock on each other.
-        order = sorted(prepared, key=lambda i: prepared[i].key)
-        # Of several items with one key or toolCallId, only the first is inserted; the
-        # others are answered as replays of it (the statement writes the events of
-        # every created call, so it must not see two claims to one row).
-        fresh: list[int] = []
-        to_replay: dict[int, Prepared] = {}
-        claimed: set[object] = set()
-        for i in order:
-            prep = prepared[i]
-            # Tagged: a key may read like another call's id. Both are per tenant.
-            ids = (("key", *prep.key), ("call", prep.tenant, prep.values["tool_call_id"]))
-            if claimed.isdisjoint(ids):
-                claimed.update(ids)
-                fresh.append(i)
-            else:
-                to_replay[i] = prep
+        fresh, to_replay = _first_claims(prepared)
         events: list[dict[str, Any]] = []
         messages: list[dict[str, Any]] = []
         approvals: list[dict[str, Any]] = []
@@ -134,7 +128,7 @@ async def submit_many(
         inserted = {
             (row["tenant"], row["tool_call_id"]): row
             for row in await write_intake(
-                session,
+                tx,
                 {
                     "calls": [prepared[i].values for i in fresh],
                     "events": events,
@@ -157,11 +151,34 @@ async def submit_many(
                     created=True,
                 )
         if to_replay:
-            outcomes_of_replays = await _replay(session, to_replay)
+            outcomes_of_replays = await _replay(tx, to_replay)
             for i, outcome in outcomes_of_replays.items():
                 outcomes[i] = outcome
 
     return [o for o in outcomes if o is not None]
+
+
+def _first_claims(prepared: dict[int, Prepared]) -> tuple[list[int], dict[int, Prepared]]:
+    """The items to insert, in key order, and those to answer as replays.
+
+    Sorted by key so that concurrent batches take their conflict locks in the same
+    order and cannot deadlock on each other. Of several items with one key or
+    toolCallId, only the first is inserted; the others are answered as replays of it
+    (the statement writes the events of every created call, so it must not see two
+    claims to one row)."""
+    fresh: list[int] = []
+    to_replay: dict[int, Prepared] = {}
+    claimed: set[object] = set()
+    for i in sorted(prepared, key=lambda i: prepared[i].key):
+        prep = prepared[i]
+        # Tagged: a key may read like another call's id. Both are per tenant.
+        ids = (("key", *prep.key), ("call", prep.tenant, prep.values["tool_call_id"]))
+        if claimed.isdisjoint(ids):
+            claimed.update(ids)
+            fresh.append(i)
+        else:
+            to_replay[i] = prep
+    return fresh, to_replay
 
 
 def _prepare(
@@ -227,18 +244,14 @@ def _check_derived_key(key: str) -> None:
 
 
 async def _replay(
-    session: AsyncSession, items: dict[int, Prepared]
+    tx: CallerTransaction, items: dict[int, Prepared]
 ) -> dict[int, Submission | DispatcherError]:
     keys = {prep.key for prep in items.values()}
     stored = {
-        (row.tenant, row.idempotency_key): row._mapping
-        for row in await session.execute(
-            select(tool_calls).where(
-                tuple_(tool_calls.c.tenant, tool_calls.c.idempotency_key).in_(list(keys))
-            )
-        )
+        (row["tenant"], row["idempotency_key"]): row
+        for row in await tx.rows(STORED_BY_KEY, pairs(keys))
     }
-    stored.update(await _legacy_defaults(session, items, stored))
+    stored.update(await _legacy_defaults(tx, items, stored))
     outcomes: dict[int, Submission | DispatcherError] = {}
     replayed: dict[int, Any] = {}
     missing = {(p.tenant, p.values["run_id"]) for p in items.values() if p.key not in stored}
@@ -247,13 +260,7 @@ async def _replay(
         # Committed for good (a run is never restarted), so this later statement sees
         # every stop the run guard saw.
         stopped = {
-            (row.tenant, row.run_id)
-            for row in await session.execute(
-                select(runs.c.tenant, runs.c.run_id).where(
-                    tuple_(runs.c.tenant, runs.c.run_id).in_(list(missing)),
-                    runs.c.stopped_at.is_not(None),
-                )
-            )
+            (row["tenant"], row["run_id"]) for row in await tx.rows(STOPPED_RUNS, pairs(missing))
         }
     for i, prep in items.items():
         row = stored.get(prep.key)
@@ -268,17 +275,26 @@ async def _replay(
             outcomes[i] = IdempotencyKeyReused(prep.key[1], row["tool_call_id"])
         else:
             replayed[i] = row
-    refs = await recorded_approvals(
-        session, [(r["tenant"], r["tool_call_id"]) for r in replayed.values()]
-    )
+    refs = await _approvals_of(tx, [(r["tenant"], r["tool_call_id"]) for r in replayed.values()])
     for i, row in replayed.items():
         ref = refs.get((row["tenant"], row["tool_call_id"]))
         outcomes[i] = Submission(ToolCallView.of(row, ref), created=False)
     return outcomes
 
 
+async def _approvals_of(
+    tx: CallerTransaction, calls: list[tuple[str, str]]
+) -> dict[tuple[str, str], ApprovalRef]:
+    if not calls:
+        return {}
+    return {
+        (row["tenant"], row["tool_call_id"]): ApprovalRef.of(row)
+        for row in await tx.rows(APPROVALS_OF, pairs(calls))
+    }
+
+
 async def _legacy_defaults(
-    session: AsyncSession, items: dict[int, Prepared], stored: dict[Any, Any]
+    tx: CallerTransaction, items: dict[int, Prepared], stored: dict[Any, Any]
 ) -> dict[tuple[str, str], Any]:
     """Calls stored before default keys were tenant-qualified (migration 0007), keyed
     by their bare toolCallId: a replay without a key still finds its call."""
@@ -289,10 +305,5 @@ async def _legacy_defaults(
     }
     if not wanted:
         return {}
-    rows = await session.execute(
-        select(tool_calls).where(
-            tuple_(tool_calls.c.tenant, tool_calls.c.tool_call_id).in_(list(wanted)),
-            tool_calls.c.idempotency_key == tool_calls.c.tool_call_id,
-        )
-    )
-    return {wanted[(r.tenant, r.tool_call_id)]: r._mapping for r in rows}
+    rows = await tx.rows(STORED_BY_BARE_ID, pairs(wanted))
+    return {wanted[(r["tenant"], r["tool_call_id"])]: r for r in rows}

@@ -1,11 +1,14 @@
-"""The intake write as one constant SQL statement (see :data:`INTAKE`).
+"""The intake write as one constant SQL statement (see :data:`INTAKE`), the replay's
+reads, and the caller's transaction they all go through (:class:`CallerTransaction`).
 
 Kept apart from :mod:`dispatcher.intake.service`, which decides what to write: this module
-only says how it is written in one round trip (:func:`write_intake`).
+only says how it is written in one round trip (:func:`write_intake`) and read back.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -18,6 +21,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from dispatcher.db.jsonb import dumps
 from dispatcher.db.tables import tool_calls
 from dispatcher.schemas import ToolCallView
 
@@ -121,22 +125,81 @@ def _driver_connection(session: Session) -> Any:
     return session.connection().connection.driver_connection
 
 
-async def write_intake(
-    session: AsyncSession, rows: dict[str, list[dict[str, Any]]]
-) -> list[dict[str, Any]]:
-    """Run :data:`INTAKE` in the session's transaction; the created calls' rows.
+Transaction = AsyncSession | psycopg.AsyncConnection[Any]
+"""The caller's open transaction that intake writes in: a SQLAlchemy ``AsyncSession``
+(psycopg 3) or a psycopg ``AsyncConnection``."""
 
-    Sent through the session's own psycopg connection rather than SQLAlchemy's
-    execution and result layers: the same statement and transaction for about a sixth
-    less CPU per call on the intake hot path (``python -m bench.intake``). Errors are
-    raised as SQLAlchemy's, as from any other statement of the session."""
-    # One hop into SQLAlchemy's greenlet rather than two (connection, then raw).
-    driver: psycopg.AsyncConnection[Any] = await session.run_sync(_driver_connection)
-    try:
-        async with driver.cursor(row_factory=dict_row) as cursor:
-            await cursor.execute(
-                _INTAKE_SQL, {name: Jsonb(value) for name, value in rows.items()}, prepare=True
-            )
-            return await cursor.fetchall()
-    except psycopg.Error as exc:
-        raise DBAPIError.instance(_INTAKE_SQL, None, exc, psycopg.Error) from exc
+
+@dataclass(frozen=True, slots=True)
+class CallerTransaction:
+    """The psycopg connection under the caller's transaction, which every intake
+    statement goes through: the same transaction, without SQLAlchemy's execution and
+    result layers on the hot path (about a sixth of the CPU per call,
+    ``python -m bench.intake``). A session's caller gets errors as SQLAlchemy's, as from
+    any other statement of the session; a psycopg caller gets psycopg's."""
+
+    driver: psycopg.AsyncConnection[Any]
+    through_sqlalchemy: bool
+
+    @classmethod
+    async def of(cls, transaction: Transaction) -> CallerTransaction:
+        if isinstance(transaction, AsyncSession):
+            # One hop into SQLAlchemy's greenlet rather than two (connection, then raw).
+            return cls(await transaction.run_sync(_driver_connection), True)
+        return cls(transaction, False)
+
+    async def rows(
+        self, sql: str, params: Mapping[str, Any], *, prepare: bool | None = None
+    ) -> list[dict[str, Any]]:
+        try:
+            async with self.driver.cursor(row_factory=dict_row) as cursor:
+                await cursor.execute(sql, params, prepare=prepare)
+                return await cursor.fetchall()
+        except psycopg.Error as exc:
+            if self.through_sqlalchemy:
+                raise DBAPIError.instance(sql, None, exc, psycopg.Error) from exc
+            raise
+
+
+def jsonb(value: Any) -> Jsonb:
+    """A jsonb parameter encoded by the service's own :func:`dispatcher.db.jsonb.dumps`,
+    whatever the caller's connection was configured with."""
+    return Jsonb(value, dumps=dumps)
+
+
+async def write_intake(
+    tx: CallerTransaction, rows: dict[str, list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Run :data:`INTAKE` in the caller's transaction; the created calls' rows."""
+    return await tx.rows(
+        _INTAKE_SQL, {name: jsonb(value) for name, value in rows.items()}, prepare=True
+    )
+
+
+# What a replay reads: the stored calls by key, the pre-0007 calls by their bare id,
+# the stopped runs and the calls' approvals. Constant texts over a pair of arrays, so
+# the batch size never changes the statement; each pair is one index lookup.
+_PAIRS = "unnest(%(tenants)s::text[], %(values)s::text[]) AS k(tenant, value)"
+STORED_BY_KEY = (
+    f"SELECT c.* FROM {_PAIRS} JOIN tool_calls c"  # noqa: S608 - constant text
+    " ON c.tenant = k.tenant AND c.idempotency_key = k.value"
+)
+STORED_BY_BARE_ID = (
+    f"SELECT c.* FROM {_PAIRS} JOIN tool_calls c"  # noqa: S608 - constant text
+    " ON c.tenant = k.tenant AND c.tool_call_id = k.value"
+    " WHERE c.idempotency_key = c.tool_call_id"
+)
+STOPPED_RUNS = (
+    f"SELECT r.tenant, r.run_id FROM {_PAIRS} JOIN runs r"  # noqa: S608 - constant text
+    " ON r.tenant = k.tenant AND r.run_id = k.value WHERE r.stopped_at IS NOT NULL"
+)
+APPROVALS_OF = (
+    "SELECT a.tenant, a.tool_call_id, a.approval_id, a.status, a.expires_at"  # noqa: S608
+    f" FROM {_PAIRS} JOIN approvals a ON a.tenant = k.tenant AND a.tool_call_id = k.value"
+)
+
+
+def pairs(values: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """The parameters of a statement over (tenant, value) pairs."""
+    listed = list(values)
+    return {"tenants": [t for t, _ in listed], "values": [v for _, v in listed]}

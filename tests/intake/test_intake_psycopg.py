@@ -1,0 +1,157 @@
+"""Library intake in a caller's own psycopg transaction (``submit(conn, ...)`` with a
+psycopg ``AsyncConnection``): the same rows, replays and refusals as in a SQLAlchemy
+session, committed or rolled back by the caller, with psycopg's own errors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import set_json_dumps
+from sqlalchemy import func, select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.control.actor import Actor
+from dispatcher.control.runs import stop_run
+from dispatcher.db.tables import execution_events, outbox, tool_calls
+from dispatcher.errors import IdempotencyKeyReused, RunStopped
+from dispatcher.intake.service import submit, submit_many
+from dispatcher.schemas import SubmitRequest
+from tests.intake.test_intake_library import email
+
+pytestmark = pytest.mark.postgres
+
+OPS = Actor("ops", "acme", "test")
+
+
+@pytest.fixture
+async def conn(database_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A caller's own connection, not in autocommit: its first statement opens the
+    caller's transaction, which the caller commits."""
+    connection = await psycopg.AsyncConnection.connect(database_url)
+    yield connection
+    await connection.close()
+
+
+async def _counts(engine: AsyncEngine) -> dict[str, int]:
+    async with engine.connect() as c:
+        return {
+            t.name: (await c.execute(select(func.count()).select_from(t))).scalar_one()
+            for t in (tool_calls, execution_events, outbox)
+        }
+
+
+NOTHING = {"tool_calls": 0, "execution_events": 0, "outbox": 0}
+ONE_CALL = {"tool_calls": 1, "execution_events": 2, "outbox": 3}
+
+
+async def test_the_domain_write_and_the_submission_commit_together(
+    conn: psycopg.AsyncConnection[Any], engine: AsyncEngine, registry: CapabilityRegistry
+) -> None:
+    await conn.execute("CREATE TABLE orders (order_id text PRIMARY KEY)")
+    await conn.commit()
+
+    await conn.execute("INSERT INTO orders VALUES ('o-1')")
+    submission = await submit(conn, email(), tenant="acme", registry=registry)
+    assert submission.created and submission.view.status == "authorized"
+    assert await _counts(engine) == NOTHING  # nobody sees it before the caller commits
+    await conn.commit()
+
+    assert await _counts(engine) == ONE_CALL
+    assert await (await conn.execute("SELECT order_id FROM orders")).fetchall() == [("o-1",)]
+    row = await (
+        await conn.execute(
+            "SELECT tool_call_id, status, idempotency_key FROM tool_calls WHERE tenant = 'acme'"
+        )
+    ).fetchone()
+    assert row == (submission.view.tool_call_id, "authorized", "email-1")
+
+
+async def test_a_rollback_discards_the_submission(
+    conn: psycopg.AsyncConnection[Any], engine: AsyncEngine, registry: CapabilityRegistry
+) -> None:
+    assert (await submit(conn, email(), tenant="acme", registry=registry)).created
+    await conn.rollback()
+
+    assert await _counts(engine) == NOTHING
+
+
+async def test_a_call_recorded_in_a_session_replays_on_a_connection(
+    conn: psycopg.AsyncConnection[Any],
+    engine: AsyncEngine,
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+) -> None:
+    # Recorded through a session, replayed and refused through a psycopg connection.
+    async with sessions() as session, session.begin():
+        first = await submit(session, email(), tenant="acme", registry=registry)
+    approval = SubmitRequest(
+        run_id="run-1",
+        capability_id="refund-order-approved",
+        input={"orderId": "o-9", "amountCents": 900_000},
+        idempotency_key="refund-9",
+    )
+    asked = await submit(conn, approval, tenant="acme", registry=registry)
+    await conn.commit()
+
+    again, refused, asked_again = await submit_many(
+        conn,
+        [(email(), "acme"), (email(to="eve@example.com"), "acme"), (approval, "acme")],
+        registry=registry,
+    )
+    await conn.commit()
+
+    assert isinstance(again, type(first)) and not again.created and again.view == first.view
+    assert isinstance(refused, IdempotencyKeyReused)
+    assert isinstance(asked_again, type(asked)) and not asked_again.created
+    assert asked_again.view == asked.view and asked.view.approval is not None
+    assert (await _counts(engine))["tool_calls"] == 2
+
+
+async def test_a_stopped_run_refuses_a_psycopg_callers_call(
+    conn: psycopg.AsyncConnection[Any],
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+) -> None:
+    async with sessions() as session, session.begin():
+        await stop_run(
+            session, tenant="acme", run_id="run-1", actor=OPS, reason="", registry=registry
+        )
+    with pytest.raises(RunStopped):
+        await submit(conn, email(), tenant="acme", registry=registry)
+
+
+async def test_the_callers_json_settings_do_not_change_what_is_written(
+    conn: psycopg.AsyncConnection[Any], engine: AsyncEngine, registry: CapabilityRegistry
+) -> None:
+    def refuse(value: Any) -> str:
+        raise AssertionError("intake encoded a parameter with the connection's dumps")
+
+    set_json_dumps(refuse, conn)
+    await submit(conn, email(), tenant="acme", registry=registry)
+    await conn.commit()
+
+    assert await _counts(engine) == ONE_CALL
+
+
+async def test_errors_come_as_each_callers_own_kind(
+    conn: psycopg.AsyncConnection[Any],
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+) -> None:
+    # A transaction the caller already broke: intake's statement is refused in it.
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        await conn.execute("SELECT * FROM nowhere")
+    with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+        await submit(conn, email(), tenant="acme", registry=registry)
+
+    async with sessions() as session:
+        with pytest.raises(DBAPIError):
+            await session.execute(select(func.count()).select_from(func.nowhere()))
+        with pytest.raises(DBAPIError) as info:
+            await submit(session, email(), tenant="acme", registry=registry)
+    assert isinstance(info.value.orig, psycopg.errors.InFailedSqlTransaction)
