@@ -239,13 +239,17 @@ class ToolCallView(_View):
     @classmethod
     def row_fields(cls) -> tuple[str, ...]:
         """The fields read from the call's own row."""
-        return tuple(name for name in cls.model_fields if name != "approval")
+        return _TOOL_CALL_ROW_FIELDS
 
     @classmethod
     def of(cls, row: Mapping[Any, Any], approval: ApprovalRef | None = None) -> ToolCallView:
         return cls.model_validate(
-            {**{name: row[name] for name in cls.row_fields()}, "approval": approval}
+            {**{name: row[name] for name in _TOOL_CALL_ROW_FIELDS}, "approval": approval}
         )
+
+
+# Listed once: every view built on the intake and read paths reads them.
+_TOOL_CALL_ROW_FIELDS = tuple(name for name in ToolCallView.model_fields if name != "approval")
 
 
 class EventView(_View):

@@ -17,7 +17,6 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.api.auth import ApiKeyAuth, Principal
 from dispatcher.api.limits import Limits
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.intake.batcher import IntakeBatcher
 from dispatcher.settings import Scope, Settings
 
 # Declares the bearer scheme on every route that names a scope, so the document
@@ -67,11 +66,6 @@ async def _limits(request: Request) -> Limits:
     return limits
 
 
-async def _batcher(request: Request) -> IntakeBatcher:
-    batcher: IntakeBatcher = request.app.state.batcher
-    return batcher
-
-
 Submitter = Annotated[Principal, Depends(require("submit"))]
 Reader = Annotated[Principal, Depends(require("read"))]
 Approver = Annotated[Principal, Depends(require("approve"))]
@@ -79,5 +73,4 @@ Operator = Annotated[Principal, Depends(require("operate"))]
 Sessions = Annotated[async_sessionmaker[AsyncSession], Depends(_sessions)]
 AppSettings = Annotated[Settings, Depends(_settings)]
 Registry = Annotated[CapabilityRegistry, Depends(_registry)]
-Batcher = Annotated[IntakeBatcher, Depends(_batcher)]
 AppLimits = Annotated[Limits, Depends(_limits)]

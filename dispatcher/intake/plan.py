@@ -10,7 +10,7 @@ from typing import Any
 
 from dispatcher.capabilities import Capability
 from dispatcher.ids import random_hex
-from dispatcher.ledger.events import CallContext, EventType, event_message, event_row
+from dispatcher.ledger.events import CallContext, EventType, event_row
 from dispatcher.ledger.messages import DispatchCommand, Producer
 from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import Topics
@@ -83,21 +83,19 @@ def plan_created(
                 payload={"reason": "no approval required"},
             )
         )
-    tenant = prep.tenant
-    rows = [event_message(e, topics) for e in new]
+    # The events' messages are built by the intake statement from the rows it inserts
+    # (dispatcher.intake.statement); the dispatch command is the one message planned here.
+    context = trace_headers(prep.trace) if prep.trace is not None else {}
     if not prep.requires_approval:
         command = DispatchCommand.build(
             prep.values, producer=Producer.INTAKE, causation_id=new[-1]["event_id"]
-        )
-        rows.append(command.to_outbox_row(topics))
-    if prep.trace is not None:
+        ).to_outbox_row(topics)
         # Every message of the submission carries its context (the relay copies row
         # headers to the Kafka message), the dispatch command's consumer continues it.
-        for row in rows:
-            row["headers"].update(trace_headers(prep.trace))
-    messages.extend({**row, "call_tenant": tenant, "call": call} for row in rows)
+        command["headers"].update(context)
+        messages.append({**command, "call_tenant": prep.tenant, "call": call})
     # JSON parameters: the timestamp travels as ISO 8601 text.
-    events.extend({**e, "occurred_at": e["occurred_at"].isoformat()} for e in new)
+    events.extend({**e, **context, "occurred_at": e["occurred_at"].isoformat()} for e in new)
 
 
 def _approval(prep: Prepared) -> dict[str, Any]:

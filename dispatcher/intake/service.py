@@ -135,6 +135,7 @@ async def submit_many(
                     "messages": messages,
                     "approvals": approvals,
                 },
+                topics.events,
             )
         }
         # By (tenant, toolCallId): two tenants may use one toolCallId in one batch.

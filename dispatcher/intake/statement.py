@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from dispatcher.db.jsonb import dumps
 from dispatcher.db.tables import tool_calls
+from dispatcher.ledger.events import envelope_sql
 from dispatcher.schemas import ToolCallView
 
 _CALL_COLUMNS = {
@@ -72,6 +73,33 @@ _STOPPED = """stopped AS MATERIALIZED (
 )"""
 
 
+# The created calls' events, each of which is also published: its message is built
+# here from the row it inserts (envelope_sql), so an event travels once as JSON and
+# no message of an event is built in Python. ``occurred_at`` stays the ISO 8601 text
+# the row was planned with, which the message carries; ``traceparent`` and
+# ``tracestate`` are the submission's context, a header of each message, not columns.
+_EVENT_TRACE = ("traceparent", "tracestate")
+_EVENT_SPEC = ", ".join(
+    [
+        *(f"{c} {'text' if c == 'occurred_at' else t}" for c, t in _EVENT_COLUMNS.items()),
+        *(f"{c} text" for c in _EVENT_TRACE),
+    ]
+)
+_EVENTS_IN = f"""events_in AS MATERIALIZED (
+    SELECT * FROM ROWS FROM (jsonb_to_recordset(:events) AS ({_EVENT_SPEC}))
+    WITH ORDINALITY AS e_in({", ".join([*_EVENT_COLUMNS, *_EVENT_TRACE])}, ord)
+    WHERE (tenant, tool_call_id) IN (SELECT tenant, tool_call_id FROM calls)
+)"""  # noqa: S608 - constant column lists
+_INSERTED_EVENT = ", ".join(
+    "occurred_at::timestamptz" if c == "occurred_at" else c for c in _EVENT_COLUMNS
+)
+_EVENT_PAYLOAD, _ENVELOPE_HEADERS = envelope_sql("e", "e.occurred_at")
+_EVENT_HEADERS = (
+    f"{_ENVELOPE_HEADERS} || jsonb_strip_nulls("
+    "jsonb_build_object('traceparent', e.traceparent, 'tracestate', e.tracestate))"
+)
+
+
 # What the caller gets back of each created call: its view and its tenant (with the
 # toolCallId, the call's key), not every column (each column returned costs CPU in the
 # driver on every call).
@@ -98,10 +126,13 @@ INTAKE = (
     INSERT INTO approvals ({", ".join(_APPROVAL_COLUMNS)})
     {_rows_of("approvals", _APPROVAL_COLUMNS)}
     WHERE (tenant, tool_call_id) IN (SELECT tenant, tool_call_id FROM calls) ORDER BY ord
-), events AS (
+), {_EVENTS_IN}, events AS (
     INSERT INTO execution_events ({", ".join(_EVENT_COLUMNS)})
-    {_rows_of("events", _EVENT_COLUMNS)}
-    WHERE (tenant, tool_call_id) IN (SELECT tenant, tool_call_id FROM calls) ORDER BY ord
+    SELECT {_INSERTED_EVENT} FROM events_in ORDER BY ord
+), event_messages AS (
+    INSERT INTO outbox ({", ".join(_OUTBOX_COLUMNS)})
+    SELECT CAST(:events_topic AS text), e.run_id, {_EVENT_PAYLOAD}, {_EVENT_HEADERS}
+    FROM events_in e ORDER BY e.ord
 ), messages AS (
     INSERT INTO outbox ({", ".join(_OUTBOX_COLUMNS)})
     {_rows_of("messages", _OUTBOX_COLUMNS, extra=("call_tenant", "call"))}
@@ -112,6 +143,7 @@ SELECT {", ".join(_RETURNED)} FROM calls"""  # noqa: S608 - constant text, every
     .bindparams(
         bindparam("calls", type_=JSONB),
         bindparam("events", type_=JSONB),
+        bindparam("events_topic"),
         bindparam("messages", type_=JSONB),
         bindparam("approvals", type_=JSONB),
     )
@@ -168,12 +200,12 @@ def jsonb(value: Any) -> Jsonb:
 
 
 async def write_intake(
-    tx: CallerTransaction, rows: dict[str, list[dict[str, Any]]]
+    tx: CallerTransaction, rows: dict[str, list[dict[str, Any]]], events_topic: str
 ) -> list[dict[str, Any]]:
-    """Run :data:`INTAKE` in the caller's transaction; the created calls' rows."""
-    return await tx.rows(
-        _INTAKE_SQL, {name: jsonb(value) for name, value in rows.items()}, prepare=True
-    )
+    """Run :data:`INTAKE` in the caller's transaction; the created calls' rows. Their
+    events' messages go on ``events_topic``."""
+    params: dict[str, Any] = {name: jsonb(value) for name, value in rows.items()}
+    return await tx.rows(_INTAKE_SQL, {**params, "events_topic": events_topic}, prepare=True)
 
 
 # What a replay reads: the stored calls by key, the pre-0007 calls by their bare id,
