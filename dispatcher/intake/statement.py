@@ -100,6 +100,13 @@ _EVENT_HEADERS = (
 )
 
 
+# The planned messages (the dispatch commands), each with the call it belongs to.
+_MESSAGE_FIELDS = (*_OUTBOX_COLUMNS, "call_tenant", "call")
+_MESSAGE_SPEC = ", ".join(
+    [*(f"{c} {t}" for c, t in _OUTBOX_COLUMNS.items()), "call_tenant text", "call text"]
+)
+
+
 # What the caller gets back of each created call: its view and its tenant (with the
 # toolCallId, the call's key), not every column (each column returned costs CPU in the
 # driver on every call).
@@ -129,14 +136,18 @@ INTAKE = (
 ), {_EVENTS_IN}, events AS (
     INSERT INTO execution_events ({", ".join(_EVENT_COLUMNS)})
     SELECT {_INSERTED_EVENT} FROM events_in ORDER BY ord
-), event_messages AS (
-    INSERT INTO outbox ({", ".join(_OUTBOX_COLUMNS)})
-    SELECT CAST(:events_topic AS text), e.run_id, {_EVENT_PAYLOAD}, {_EVENT_HEADERS}
-    FROM events_in e ORDER BY e.ord
 ), messages AS (
     INSERT INTO outbox ({", ".join(_OUTBOX_COLUMNS)})
-    {_rows_of("messages", _OUTBOX_COLUMNS, extra=("call_tenant", "call"))}
-    WHERE (call_tenant, call) IN (SELECT tenant, tool_call_id FROM calls) ORDER BY ord
+    SELECT {", ".join(_OUTBOX_COLUMNS)} FROM (
+        SELECT 0 AS part, e.ord, CAST(:events_topic AS text) AS topic, e.run_id AS key,
+            {_EVENT_PAYLOAD} AS payload, {_EVENT_HEADERS} AS headers
+        FROM events_in e
+        UNION ALL
+        SELECT 1, m.ord, m.topic, m.key, m.payload, m.headers
+        FROM ROWS FROM (jsonb_to_recordset(:messages) AS ({_MESSAGE_SPEC}))
+        WITH ORDINALITY AS m({", ".join(_MESSAGE_FIELDS)}, ord)
+        WHERE (m.call_tenant, m.call) IN (SELECT tenant, tool_call_id FROM calls)
+    ) AS published ORDER BY part, ord
 )
 SELECT {", ".join(_RETURNED)} FROM calls"""  # noqa: S608 - constant text, every value is a bound parameter
     )
