@@ -18,7 +18,8 @@ from dispatcher.api.deps import (
     Operator,
     Reader,
     Sessions,
-    Submitter,
+    caller_of,
+    checks_its_caller,
 )
 from dispatcher.api.limits import Limits
 from dispatcher.api.openapi import documented
@@ -56,26 +57,29 @@ _CREATED = {"Location": {"description": "the call's URL", "schema": {"type": "st
 
 @router.post(
     "/v1/tool-calls",
-    **documented(
-        CapabilityNotFound,
-        ToolCallIdConflict,
-        RunStopped,
-        IdempotencyKeyReused,
-        RateLimited,
-        body=SubmitRequest,
-        answer=ToolCallView,
-        status=201,
-        also={
-            201: {"description": "recorded", "headers": _CREATED},
-            200: {
-                "description": "an earlier submission with this key, replayed",
-                "model": ToolCallView,
-                "headers": _CREATED,
+    **checks_its_caller(
+        documented(
+            CapabilityNotFound,
+            ToolCallIdConflict,
+            RunStopped,
+            IdempotencyKeyReused,
+            RateLimited,
+            body=SubmitRequest,
+            answer=ToolCallView,
+            status=201,
+            also={
+                201: {"description": "recorded", "headers": _CREATED},
+                200: {
+                    "description": "an earlier submission with this key, replayed",
+                    "model": ToolCallView,
+                    "headers": _CREATED,
+                },
             },
-        },
+        )
     ),
 )
-async def submit_tool_call(request: Request, caller: Submitter) -> Response:
+async def submit_tool_call(request: Request) -> Response:
+    caller = caller_of(request, "submit")
     # The app's parts straight from its state, not as dependencies: this is the hot
     # route, and FastAPI's solving of each dependency cost more than the lookup.
     state = request.app.state
