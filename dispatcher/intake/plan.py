@@ -1,6 +1,6 @@
-"""What a created call writes besides its row: its first events, their outbox rows, its
-dispatch command or its approval (:func:`plan_created`), planned before the one intake
-statement (:mod:`dispatcher.intake.statement`) writes them all."""
+"""What a created call writes besides its row: its first events, its dispatch command
+or its approval (:func:`plan_created`), planned before the one intake statement
+(:mod:`dispatcher.intake.statement`) writes them all, with the events' outbox rows."""
 
 from __future__ import annotations
 

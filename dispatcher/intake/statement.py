@@ -48,11 +48,11 @@ _APPROVAL_COLUMNS = {
 }  # fmt: skip
 
 
-def _rows_of(param: str, columns: dict[str, str], extra: tuple[str, ...] = ()) -> str:
+def _rows_of(param: str, columns: dict[str, str]) -> str:
     """SELECT list and FROM of the rows passed as one JSON array in ``param``, in
-    array order (WITH ORDINALITY); ``extra`` text fields are read but not selected."""
-    spec = ", ".join([*(f"{c} {t}" for c, t in columns.items()), *(f"{e} text" for e in extra)])
-    names = ", ".join([*columns, *extra])
+    array order (WITH ORDINALITY)."""
+    spec = ", ".join(f"{c} {t}" for c, t in columns.items())
+    names = ", ".join(columns)
     # Only this module's constant column lists go into the text.
     rows = f"ROWS FROM (jsonb_to_recordset(:{param}) AS ({spec}))"
     return f"SELECT {', '.join(columns)} FROM {rows} WITH ORDINALITY AS {param}_in({names}, ord)"  # noqa: S608
@@ -189,7 +189,13 @@ class CallerTransaction:
         if isinstance(transaction, AsyncSession):
             # One hop into SQLAlchemy's greenlet rather than two (connection, then raw).
             return cls(await transaction.run_sync(_driver_connection), True)
-        return cls(transaction, False)
+        if isinstance(transaction, psycopg.AsyncConnection):
+            return cls(transaction, False)
+        # Before anything is sent: a sync connection would fail in the middle.
+        raise TypeError(
+            "submit() records in an AsyncSession or a psycopg AsyncConnection, not a "
+            f"{type(transaction).__name__}"
+        )
 
     async def rows(
         self, sql: str, params: Mapping[str, Any], *, prepare: bool | None = None

@@ -155,3 +155,13 @@ async def test_errors_come_as_each_callers_own_kind(
         with pytest.raises(DBAPIError) as info:
             await submit(session, email(), tenant="acme", registry=registry)
     assert isinstance(info.value.orig, psycopg.errors.InFailedSqlTransaction)
+
+
+async def test_a_connection_of_another_kind_is_refused_before_anything_is_sent(
+    database_url: str, engine: AsyncEngine, registry: CapabilityRegistry
+) -> None:
+    with psycopg.connect(database_url) as sync_conn:
+        with pytest.raises(TypeError, match="AsyncSession or a psycopg AsyncConnection"):
+            await submit(sync_conn, email(), tenant="acme", registry=registry)  # type: ignore[arg-type]
+        assert sync_conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+    assert await _counts(engine) == NOTHING
