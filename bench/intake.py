@@ -46,7 +46,6 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 import psycopg
-from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy.engine import make_url
@@ -263,11 +262,13 @@ def library_client(sessions: async_sessionmaker[AsyncSession], run: str) -> Call
     return call
 
 
-def _submitter(run: str) -> Callable[[AsyncSession | AsyncConnection[Any]], Awaitable[object]]:
+def _submitter(
+    run: str,
+) -> Callable[[AsyncSession | psycopg.AsyncConnection[Any]], Awaitable[object]]:
     """The library call a client makes, in whichever transaction it is given."""
     registry = sandbox_registry()
 
-    def intake(transaction: AsyncSession | AsyncConnection[Any]) -> Awaitable[object]:
+    def intake(transaction: AsyncSession | psycopg.AsyncConnection[Any]) -> Awaitable[object]:
         request = SubmitRequest(run_id=run, capability_id=CAPABILITY, input=INPUT)
         return submit(transaction, request, tenant=TENANT, registry=registry)
 

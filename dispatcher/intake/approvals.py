@@ -6,10 +6,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from dispatcher.db.tables import approvals as approvals_table
+from dispatcher.intake.statement import PAIRS, CallerTransaction, pairs
 from dispatcher.schemas import ApprovalRef
 from dispatcher.states import ApprovalStatus
 
@@ -25,24 +24,27 @@ def asked_approval(approval: dict[str, Any] | None) -> ApprovalRef | None:
     )
 
 
+# Constant text over a pair of arrays, as the replay's other reads
+# (dispatcher.intake.statement): one index lookup per call.
+APPROVALS_OF = (
+    "SELECT a.tenant, a.tool_call_id, a.approval_id, a.status, a.expires_at"  # noqa: S608
+    f" FROM {PAIRS} JOIN approvals a ON a.tenant = k.tenant AND a.tool_call_id = k.value"
+)
+
+
 async def recorded_approvals(
-    session: AsyncSession, calls: list[tuple[str, str]]
+    tx: CallerTransaction, calls: list[tuple[str, str]]
 ) -> dict[tuple[str, str], ApprovalRef]:
     """The recorded approvals of these calls (at most one each), by (tenant, toolCallId)."""
     if not calls:
         return {}
-    rows = await session.execute(
-        select(
-            approvals_table.c.tenant,
-            approvals_table.c.tool_call_id,
-            approvals_table.c.approval_id,
-            approvals_table.c.status,
-            approvals_table.c.expires_at,
-        ).where(tuple_(approvals_table.c.tenant, approvals_table.c.tool_call_id).in_(calls))
-    )
-    return {(r.tenant, r.tool_call_id): ApprovalRef.of(r._mapping) for r in rows}
+    return {
+        (row["tenant"], row["tool_call_id"]): ApprovalRef.of(row)
+        for row in await tx.rows(APPROVALS_OF, pairs(calls))
+    }
 
 
 async def approval_ref(session: AsyncSession, tenant: str, tool_call_id: str) -> ApprovalRef | None:
     """The recorded approval of one call, if it has one."""
-    return (await recorded_approvals(session, [(tenant, tool_call_id)])).get((tenant, tool_call_id))
+    refs = await recorded_approvals(await CallerTransaction.of(session), [(tenant, tool_call_id)])
+    return refs.get((tenant, tool_call_id))

@@ -28,11 +28,10 @@ from dispatcher.errors import (
     ValidationFailed,
 )
 from dispatcher.ids import random_uuid
-from dispatcher.intake.approvals import asked_approval
+from dispatcher.intake.approvals import asked_approval, recorded_approvals
 from dispatcher.intake.keys import default_key, fingerprint
 from dispatcher.intake.plan import Prepared, plan_created
 from dispatcher.intake.statement import (
-    APPROVALS_OF,
     STOPPED_RUNS,
     STORED_BY_BARE_ID,
     STORED_BY_KEY,
@@ -43,7 +42,6 @@ from dispatcher.intake.statement import (
 )
 from dispatcher.schemas import (
     KEY_MAX_LENGTH,
-    ApprovalRef,
     Submission,
     SubmitRequest,
     ToolCallView,
@@ -276,22 +274,13 @@ async def _replay(
             outcomes[i] = IdempotencyKeyReused(prep.key[1], row["tool_call_id"])
         else:
             replayed[i] = row
-    refs = await _approvals_of(tx, [(r["tenant"], r["tool_call_id"]) for r in replayed.values()])
+    refs = await recorded_approvals(
+        tx, [(r["tenant"], r["tool_call_id"]) for r in replayed.values()]
+    )
     for i, row in replayed.items():
         ref = refs.get((row["tenant"], row["tool_call_id"]))
         outcomes[i] = Submission(ToolCallView.of(row, ref), created=False)
     return outcomes
-
-
-async def _approvals_of(
-    tx: CallerTransaction, calls: list[tuple[str, str]]
-) -> dict[tuple[str, str], ApprovalRef]:
-    if not calls:
-        return {}
-    return {
-        (row["tenant"], row["tool_call_id"]): ApprovalRef.of(row)
-        for row in await tx.rows(APPROVALS_OF, pairs(calls))
-    }
 
 
 async def _legacy_defaults(

@@ -226,25 +226,22 @@ async def write_intake(
 
 
 # What a replay reads: the stored calls by key, the pre-0007 calls by their bare id,
-# the stopped runs and the calls' approvals. Constant texts over a pair of arrays, so
-# the batch size never changes the statement; each pair is one index lookup.
-_PAIRS = "unnest(%(tenants)s::text[], %(values)s::text[]) AS k(tenant, value)"
+# and the stopped runs (the approvals' read is in dispatcher.intake.approvals).
+# Constant texts over a pair of arrays (PAIRS, pairs()), so the batch size never
+# changes the statement; each pair is one index lookup.
+PAIRS = "unnest(%(tenants)s::text[], %(values)s::text[]) AS k(tenant, value)"
 STORED_BY_KEY = (
-    f"SELECT c.* FROM {_PAIRS} JOIN tool_calls c"  # noqa: S608 - constant text
+    f"SELECT c.* FROM {PAIRS} JOIN tool_calls c"  # noqa: S608 - constant text
     " ON c.tenant = k.tenant AND c.idempotency_key = k.value"
 )
 STORED_BY_BARE_ID = (
-    f"SELECT c.* FROM {_PAIRS} JOIN tool_calls c"  # noqa: S608 - constant text
+    f"SELECT c.* FROM {PAIRS} JOIN tool_calls c"  # noqa: S608 - constant text
     " ON c.tenant = k.tenant AND c.tool_call_id = k.value"
     " WHERE c.idempotency_key = c.tool_call_id"
 )
 STOPPED_RUNS = (
-    f"SELECT r.tenant, r.run_id FROM {_PAIRS} JOIN runs r"  # noqa: S608 - constant text
+    f"SELECT r.tenant, r.run_id FROM {PAIRS} JOIN runs r"  # noqa: S608 - constant text
     " ON r.tenant = k.tenant AND r.run_id = k.value WHERE r.stopped_at IS NOT NULL"
-)
-APPROVALS_OF = (
-    "SELECT a.tenant, a.tool_call_id, a.approval_id, a.status, a.expires_at"  # noqa: S608
-    f" FROM {_PAIRS} JOIN approvals a ON a.tenant = k.tenant AND a.tool_call_id = k.value"
 )
 
 
