@@ -32,7 +32,7 @@ def create_app(
         eng = engine or create_engine(settings)
         sessions = session_factory(eng)
         batcher = IntakeBatcher(
-            sessions,
+            eng,
             registry,
             topics=settings.topics(),
             max_batch=settings.intake_batch_max,

@@ -11,10 +11,12 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
+import psycopg
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.db.engine import driver_transaction
 from dispatcher.db.errors import REFUSED_INPUT, DbErrorClass, classify, refusal, sqlstate
 from dispatcher.errors import (
     DispatcherError,
@@ -49,14 +51,14 @@ class IntakeBatcher:
 
     def __init__(
         self,
-        sessions: async_sessionmaker[AsyncSession],
+        engine: AsyncEngine,
         registry: CapabilityRegistry,
         *,
         topics: Topics,
         max_batch: int = 128,
         flushers: int = 2,
     ) -> None:
-        self._sessions = sessions
+        self._engine = engine
         self._registry = registry
         self._topics = topics
         self._max_batch = max_batch
@@ -130,7 +132,7 @@ class IntakeBatcher:
         for attempt in range(1, _ATTEMPTS + 1):
             try:
                 return await self._once(batch)
-            except DBAPIError as exc:
+            except (DBAPIError, psycopg.Error) as exc:
                 kind = classify(exc)
                 # A lost race (deadlock, serialization failure): the batch is safe to
                 # run again as a whole.
@@ -148,9 +150,10 @@ class IntakeBatcher:
         return [ServiceUnavailable("the database did not accept the batch")] * len(batch)
 
     async def _once(self, batch: list[_Pending]) -> list[Submission | DispatcherError]:
-        async with self._sessions() as session, session.begin():
+        # Straight on the pooled psycopg connection: intake's statements go there anyway.
+        async with driver_transaction(self._engine) as connection:
             return await submit_many(
-                session,
+                connection,
                 [(p.request, p.tenant) for p in batch],
                 registry=self._registry,
                 topics=self._topics,
@@ -159,7 +162,7 @@ class IntakeBatcher:
             )
 
 
-def _refused(exc: DBAPIError, kind: DbErrorClass) -> DispatcherError:
+def _refused(exc: DBAPIError | psycopg.Error, kind: DbErrorClass) -> DispatcherError:
     """The answer to the one submission whose row the database refused."""
     if kind in REFUSED_INPUT:
         log.info("intake: the database refused a submission: %s", refusal(exc))

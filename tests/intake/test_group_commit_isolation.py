@@ -8,7 +8,7 @@ import secrets
 
 import pytest
 from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.tables import tool_calls
@@ -52,9 +52,11 @@ def _refused_by_the_database(i: int) -> SubmitRequest:
 
 
 async def test_rows_the_database_refuses_fail_only_their_own_submissions(
-    sessions: async_sessionmaker[AsyncSession], registry: CapabilityRegistry
+    engine: AsyncEngine,
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
 ) -> None:
-    batcher = IntakeBatcher(sessions, registry, topics=DEFAULT_TOPICS, max_batch=128, flushers=1)
+    batcher = IntakeBatcher(engine, registry, topics=DEFAULT_TOPICS, max_batch=128, flushers=1)
     items = [("globex", _good(i)) for i in range(60)]
     items[5:5] = [("acme", _refused_by_the_database(i)) for i in range(6)]
     tasks = [asyncio.create_task(batcher.submit(req, tenant)) for tenant, req in items]
