@@ -31,6 +31,8 @@ class Cell:
     # Percent of one core used during the window, by role ("client", "server", "postgres").
     cpu: dict[str, float] = field(default_factory=dict)
     note: str = ""
+    # Which repetition of the cell this is (bench.intake --rounds).
+    round: int = 0
 
     @property
     def rate(self) -> float:

@@ -18,9 +18,14 @@ machine measured in the same run:
 Every cell runs on a fresh database copied from a migrated template, so no cell
 inherits another's table growth. Run it as::
 
-    .venv/bin/python -m bench.intake [--seconds 6] [--clients 1,16,64]
+    .venv/bin/python -m bench.intake [--seconds 6] [--clients 1,16,64] [--rounds 3]
         [--database-url postgresql://postgres@127.0.0.1:5432/postgres]
         [--only library,library-psycopg,session,http,pgbench,psycopg]
+
+With ``--rounds N`` every cell is measured N times, the modes in turn forward and then
+backward, and a ratio is the median of the rounds' own ratios: on a shared machine
+whose speed drifts by a third within minutes, the two sides of a ratio are then
+measured close together and in both orders.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import math
 import os
 import re
 import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -626,8 +632,11 @@ def report(cells: list[Cell], clients: list[int], markdown: bool) -> str:
         "mode", "clients", "calls/s", "p50 ms", "p99 ms", "errors",
         "app CPU µs/call", "CPU % client/server/pg/other",
     ]  # fmt: skip
+    rounds = len({c.round for c in cells}) > 1
+    if rounds:
+        header.insert(2, "round")
     rows = []
-    for cell in sorted(cells, key=lambda c: (MODES.index(c.mode), c.clients)):
+    for cell in sorted(cells, key=lambda c: (MODES.index(c.mode), c.clients, c.round)):
         cpu = "/".join(
             _fmt(cell.cpu[k], 0) if k in cell.cpu else "-"
             for k in ("client", "server", "postgres", "other")
@@ -636,6 +645,7 @@ def report(cells: list[Cell], clients: list[int], markdown: bool) -> str:
             [
                 cell.mode,
                 str(cell.clients),
+                *([str(cell.round + 1)] if rounds else []),
                 _fmt(cell.rate, 0),
                 _fmt(cell.percentile(0.50), 2),
                 _fmt(cell.percentile(0.99), 2),
@@ -648,18 +658,29 @@ def report(cells: list[Cell], clients: list[int], markdown: bool) -> str:
 
 
 def ratios(cells: list[Cell], clients: list[int]) -> list[str]:
-    by = {(c.mode, c.clients): c.rate for c in cells}
+    """Each target's ratio of calls/s at each client count: the median of the ratios
+    within each round (both sides measured in the same round)."""
+    by = {(c.mode, c.clients, c.round): c.rate for c in cells}
+    rounds = sorted({c.round for c in cells})
     lines = []
     for name, target in TARGETS.items():
         num, den = name.split("/")
         for n in clients:
-            if not by.get((num, n)) or not by.get((den, n)):
+            values = [
+                by[(num, n, r)] / by[(den, n, r)]
+                for r in rounds
+                if by.get((num, n, r)) and by.get((den, n, r))
+            ]
+            if not values:
                 continue
-            value = by[(num, n)] / by[(den, n)]
+            value = statistics.median(values)
+            each = ""
+            if len(values) > 1:
+                each = f" (median of {', '.join(f'{v:.2f}' for v in values)})"
             verdict = ""
             if n == TARGET_CLIENTS:
                 verdict = f"  target >= {target}: {'PASS' if value >= target else 'MISS'}"
-            lines.append(f"{num} / {den} at {n:>2} clients: {value:.2f}x{verdict}")
+            lines.append(f"{num} / {den} at {n:>2} clients: {value:.2f}x{each}{verdict}")
     return lines
 
 
@@ -676,6 +697,15 @@ async def wait_quiet(limit: float, busy: float = 25.0) -> float:
             return reading
 
 
+def schedule(modes: list[str], clients: list[int], rounds: int) -> Iterator[tuple[int, int, str]]:
+    """(clients, round, mode) in measuring order: each client count's rounds together,
+    the modes forward in even rounds and backward in odd ones."""
+    for n in clients:
+        for r in range(rounds):
+            for mode in modes if r % 2 == 0 else modes[::-1]:
+                yield n, r, mode
+
+
 async def main_async(args: argparse.Namespace) -> int:
     modes = [m for m in MODES if m in args.only]
     dbs = ScratchDatabases(args.database_url)
@@ -689,20 +719,20 @@ async def main_async(args: argparse.Namespace) -> int:
     cells: list[Cell] = []
     dbs.create_template()
     try:
-        for n in args.clients:
-            for mode in modes:
-                with dbs.cell() as url:
-                    if args.wait_quiet:
-                        await wait_quiet(args.wait_quiet)
-                    cell = await RUNNERS[mode](url, n, args.seconds, args.warmup)
-                cells.append(cell)
-                p50, p99 = _fmt(cell.percentile(0.5), 2), _fmt(cell.percentile(0.99), 2)
-                line = (
-                    f"  {mode:<8} {n:>3} clients: {cell.rate:>8,.0f} calls/s  p50 {p50} ms  "
-                    f"p99 {p99} ms  app {_fmt(app_cpu_per_call(cell), 0)} µs/call  "
-                    f"other load {_fmt(cell.cpu.get('other', math.nan), 0)}%"
-                )
-                print(line + (f"  [{cell.note}]" if cell.note else ""), flush=True)
+        for n, round_, mode in schedule(modes, args.clients, args.rounds):
+            with dbs.cell() as url:
+                if args.wait_quiet:
+                    await wait_quiet(args.wait_quiet)
+                cell = await RUNNERS[mode](url, n, args.seconds, args.warmup)
+            cell.round = round_
+            cells.append(cell)
+            p50, p99 = _fmt(cell.percentile(0.5), 2), _fmt(cell.percentile(0.99), 2)
+            line = (
+                f"  {mode:<8} {n:>3} clients: {cell.rate:>8,.0f} calls/s  p50 {p50} ms  "
+                f"p99 {p99} ms  app {_fmt(app_cpu_per_call(cell), 0)} µs/call  "
+                f"other load {_fmt(cell.cpu.get('other', math.nan), 0)}%"
+            )
+            print(line + (f"  [{cell.note}]" if cell.note else ""), flush=True)
     finally:
         dbs.drop()
     print()
@@ -737,6 +767,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64]
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every cell this many times, alternating the order of the modes",
     )
     parser.add_argument(
         "--database-url",
