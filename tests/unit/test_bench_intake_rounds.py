@@ -37,3 +37,8 @@ def test_a_round_without_both_sides_is_left_out() -> None:
     cells = [cell("library", 400, 0), cell("psycopg", 500, 0), cell("library", 900, 1)]
     [line] = [line for line in ratios(cells, [16]) if line.startswith("library / psycopg")]
     assert line == "library / psycopg at 16 clients: 0.80x  target >= 0.75: PASS"
+
+
+def test_the_session_ceilings_own_ratio_is_printed_without_a_target() -> None:
+    cells = [cell("session", 600, 0), cell("psycopg", 1000, 0)]
+    assert ratios(cells, [16]) == ["session / psycopg at 16 clients: 0.60x"]
