@@ -199,7 +199,7 @@ async def _prepared_intakes(conn: psycopg.AsyncConnection[Any]) -> list[bool]:
     rows = await (
         await conn.execute(
             "SELECT statement FROM pg_prepared_statements"
-            " WHERE statement LIKE 'WITH stopped%%' ORDER BY prepare_time"
+            " WHERE statement LIKE 'WITH stopped%' ORDER BY prepare_time"
         )
     ).fetchall()
     return ["INSERT INTO approvals" in statement for (statement,) in rows]
