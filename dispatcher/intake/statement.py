@@ -168,8 +168,8 @@ which is about 4% of PostgreSQL's instructions for a call (callgrind)."""
 # Compact on the wire, under psycopg's parse-cache limit (dispatcher.db.sqltext: the
 # layout made it 4,838 characters, compact 3,900); tests/intake hold it there.
 _INTAKE_SQL = {
-    approvals: compact(str(_intake(approvals).compile(dialect=psycopg_dialect.dialect())))  # type: ignore[no-untyped-call]
-    for approvals in (True, False)
+    approvals: compact(str(statement.compile(dialect=psycopg_dialect.dialect())))  # type: ignore[no-untyped-call]
+    for approvals, statement in ((True, INTAKE), (False, _intake(approvals=False)))
 }
 
 

@@ -21,7 +21,7 @@ def test_rounds_alternate_the_order_of_the_modes() -> None:
 
 def test_a_ratio_is_the_median_of_each_rounds_own_ratio() -> None:
     # The machine was twice as fast in round 1: a ratio across rounds would be 0.4x or
-    # 1.6x; within each round the library is 0.8x, 0.7x and 1.2x of psycopg (mean 0.9x).
+    # 1.4x; within each round the library is 0.8x, 0.7x and 1.2x of psycopg (mean 0.9x).
     cells = [
         cell("library", 400, 0), cell("psycopg", 500, 0),
         cell("library", 700, 1), cell("psycopg", 1000, 1),
