@@ -9,6 +9,9 @@ machine measured in the same run:
   session  the SQL ``submit()`` sends, captured from it, sent through the caller's
            ``AsyncSession`` (same engine and pool), one transaction per call: the fair
            ceiling of a library call in the caller's transaction (bench.intake_session)
+  psycopg-in-session  raw psycopg's rows (below) on the psycopg connection of the
+           caller's ``AsyncSession``, one transaction per call: the floor any library
+           call in the caller's session stands on
   http     ``POST /v1/tool-calls`` against ``tool-dispatcher serve`` in its own process,
            driven by a minimal raw asyncio HTTP/1.1 keep-alive client in this process
   pgbench  the same rows in one plain transaction (INSERT the call RETURNING *, INSERT
@@ -20,7 +23,7 @@ inherits another's table growth. Run it as::
 
     .venv/bin/python -m bench.intake [--seconds 6] [--clients 1,16,64] [--rounds 3]
         [--database-url postgresql://postgres@127.0.0.1:5432/postgres]
-        [--only library,library-psycopg,session,http,pgbench,psycopg]
+        [--only library,library-psycopg,session,psycopg-in-session,http,pgbench,psycopg]
 
 With ``--rounds N`` every cell is measured N times, the modes in turn forward and then
 backward, and a ratio is the median of the rounds' own ratios: on a shared machine
@@ -71,6 +74,7 @@ from dispatcher.db import migrate
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.intake.keys import fingerprint
 from dispatcher.intake.service import submit
+from dispatcher.intake.statement import CallerTransaction
 from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import Settings, hash_api_key
 from dispatcher.testing.databases import with_database
@@ -78,7 +82,10 @@ from dispatcher.testing.embedded import free_port, wait_for_port
 from dispatcher.testing.registries import SANDBOX_REGISTRY, sandbox_registry
 
 ROOT = Path(__file__).resolve().parent.parent
-MODES = ("library", "library-psycopg", "session", "http", "http-cores", "pgbench", "psycopg")
+MODES = (
+    "library", "library-psycopg", "session", "psycopg-in-session",
+    "http", "http-cores", "pgbench", "psycopg",
+)  # fmt: skip
 TENANT = "bench"
 CAPABILITY = "send-email"  # no approval, no key template: one call, two events, one command
 INPUT = {"to": "customer@example.com", "subject": "Your refund", "orderId": "o-1001"}
@@ -94,9 +101,16 @@ TARGETS = {
     "http-cores/pgbench": 0.6,
 }
 TARGET_CLIENTS = 16
-# Printed beside the targets, without one: the session ceiling against raw psycopg
-# bounds what the library in a caller's session can reach against raw psycopg.
-BOUNDS = {"session/psycopg": None}
+# Printed beside the targets, without one. Raw psycopg's own rows written in a caller's
+# session (psycopg-in-session) against raw psycopg is the share of raw psycopg's rate
+# left to any library call in a caller's AsyncSession: the session's begin, checkout,
+# commit and return cost what they cost, whatever the call writes. The library against
+# that floor is what the library itself costs beyond raw psycopg's writes.
+BOUNDS = {
+    "session/psycopg": None,
+    "psycopg-in-session/psycopg": None,
+    "library/psycopg-in-session": None,
+}
 NOISY_OTHER_LOAD = 25.0
 
 # --- the rows that intake writes, as plain SQL (psycopg and pgbench) ----------------
@@ -331,12 +345,13 @@ async def run_session(url: str, clients: int, seconds: float, warmup: float) -> 
         await engine.dispose()
 
 
-def psycopg_client(pool: AsyncConnectionPool, run: str) -> Call:
-    """One client's call: the same rows as intake writes, in raw psycopg."""
+def raw_rows(run: str) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
+    """The same rows as intake writes, in raw psycopg, on the connection it is given
+    (in the transaction open there)."""
     call_sql, events_sql, outbox_sql = PSYCOPG_SQL
     fp = fingerprint(CAPABILITY, INPUT)
 
-    async def call() -> None:
+    async def write(conn: psycopg.AsyncConnection[Any]) -> None:
         tc = str(uuid.uuid4())
         req, auth = f"evt_{uuid.uuid4().hex}", f"evt_{uuid.uuid4().hex}"
         now = datetime.now(UTC)
@@ -349,29 +364,68 @@ def psycopg_client(pool: AsyncConnectionPool, run: str) -> Call:
             "idempotencyKey": tc,
             "causationId": auth,
         }
+        cur = await conn.execute(call_sql, (tc, TENANT, run, CAPABILITY, Jsonb(INPUT), tc, fp))
+        await cur.fetchone()
+        await conn.execute(
+            events_sql,
+            (
+                *(req, TENANT, run, PRODUCER, CAPABILITY, tc, now),
+                Jsonb({"idempotencyKey": tc, "requiresApproval": False}),
+                *(auth, TENANT, run, PRODUCER, CAPABILITY, req, tc, now),
+                Jsonb({"reason": "no approval required"}),
+            ),
+        )
+        await conn.execute(
+            outbox_sql,
+            (
+                *event_message(req, "tool.call.requested", run, tc, None, iso),
+                *event_message(auth, "tool.call.authorized", run, tc, req, iso),
+                *(TOPIC, tc, Jsonb(command)),
+                Jsonb(_headers(str(uuid.uuid4()), "tool.call.dispatch", iso)),
+            ),
+        )
+
+    return write
+
+
+def psycopg_client(pool: AsyncConnectionPool, run: str) -> Call:
+    """One client's call: the same rows as intake writes, in raw psycopg."""
+    write = raw_rows(run)
+
+    async def call() -> None:
         async with pool.connection() as conn:  # commits on exit
-            cur = await conn.execute(call_sql, (tc, TENANT, run, CAPABILITY, Jsonb(INPUT), tc, fp))
-            await cur.fetchone()
-            await conn.execute(
-                events_sql,
-                (
-                    *(req, TENANT, run, PRODUCER, CAPABILITY, tc, now),
-                    Jsonb({"idempotencyKey": tc, "requiresApproval": False}),
-                    *(auth, TENANT, run, PRODUCER, CAPABILITY, req, tc, now),
-                    Jsonb({"reason": "no approval required"}),
-                ),
-            )
-            await conn.execute(
-                outbox_sql,
-                (
-                    *event_message(req, "tool.call.requested", run, tc, None, iso),
-                    *event_message(auth, "tool.call.authorized", run, tc, req, iso),
-                    *(TOPIC, tc, Jsonb(command)),
-                    Jsonb(_headers(str(uuid.uuid4()), "tool.call.dispatch", iso)),
-                ),
-            )
+            await write(conn)
 
     return call
+
+
+def psycopg_in_session_client(sessions: async_sessionmaker[AsyncSession], run: str) -> Call:
+    """One client's call: raw psycopg's rows on the psycopg connection of the caller's
+    ``AsyncSession``, reached as ``submit()`` reaches it, in a transaction of its own.
+    What is left of a call when its writes cost no more than raw psycopg's: the floor
+    of any library call made in the caller's session, whatever it writes with."""
+    write = raw_rows(run)
+
+    async def call() -> None:
+        async with sessions() as session, session.begin():
+            await write((await CallerTransaction.of(session)).driver)
+
+    return call
+
+
+async def run_psycopg_in_session(url: str, clients: int, seconds: float, warmup: float) -> Cell:
+    engine = library_engine(url, clients)
+    sessions = session_factory(engine)
+    try:
+        return await drive(
+            Cell("psycopg-in-session", clients),
+            [psycopg_in_session_client(sessions, f"run-{i}") for i in range(clients)],
+            seconds=seconds,
+            warmup=warmup,
+            cpu=_meter(url, client=psutil.Process()),
+        )
+    finally:
+        await engine.dispose()
 
 
 async def run_psycopg(url: str, clients: int, seconds: float, warmup: float) -> Cell:
@@ -608,6 +662,7 @@ RUNNERS = {
     "http-cores": run_http_per_core,
     "pgbench": run_pgbench,
     "psycopg": run_psycopg,
+    "psycopg-in-session": run_psycopg_in_session,
 }
 
 
