@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]
+from sqlalchemy.engine import make_url
 
 # One call of one client; the harness times it.
 Call = Callable[[], Awaitable[object]]
@@ -160,6 +161,16 @@ def postgres_processes(database: str) -> list[psutil.Process]:
         if not is_backend or f" {database} " in title:
             procs.append(proc)
     return procs
+
+
+def postgres_meter(url: str, **roles: psutil.Process | list[psutil.Process]) -> CpuMeter:
+    """CPU of the given processes (a role may be several) and of the PostgreSQL
+    processes serving ``url``."""
+    database = make_url(url).database or ""
+    groups = {
+        name: (lambda p=procs: p if isinstance(p, list) else [p]) for name, procs in roles.items()
+    }
+    return CpuMeter({**groups, "postgres": lambda: postgres_processes(database)})
 
 
 def render_table(rows: list[list[str]], header: list[str], *, markdown: bool = False) -> str:

@@ -36,39 +36,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import json
 import math
-import os
 import re
 import secrets
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 import psycopg
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from bench.harness import (
-    Call,
-    Cell,
-    CpuMeter,
-    drive,
-    machine_busy_seconds,
-    postgres_processes,
-    render_table,
-)
+from bench.harness import Call, Cell, drive, machine_busy_seconds, postgres_meter, render_table
+from bench.intake_http import run_http, run_http_per_core, server_flavour
+from bench.intake_rows import CAPABILITY, INPUT, TENANT, pgbench_script, raw_rows
 from bench.intake_session import capture, describe, replay_client
 from dispatcher.db import migrate
 from dispatcher.db.engine import create_engine, session_factory
@@ -76,22 +63,14 @@ from dispatcher.intake.keys import fingerprint
 from dispatcher.intake.service import submit
 from dispatcher.intake.statement import CallerTransaction
 from dispatcher.schemas import SubmitRequest
-from dispatcher.settings import Settings, hash_api_key
+from dispatcher.settings import Settings
 from dispatcher.testing.databases import with_database
-from dispatcher.testing.embedded import free_port, wait_for_port
-from dispatcher.testing.registries import SANDBOX_REGISTRY, sandbox_registry
+from dispatcher.testing.registries import sandbox_registry
 
-ROOT = Path(__file__).resolve().parent.parent
 MODES = (
     "library", "library-psycopg", "session", "psycopg-in-session",
     "http", "http-cores", "pgbench", "psycopg",
 )  # fmt: skip
-TENANT = "bench"
-CAPABILITY = "send-email"  # no approval, no key template: one call, two events, one command
-INPUT = {"to": "customer@example.com", "subject": "Your refund", "orderId": "o-1001"}
-TOPIC = "tool-dispatcher.commands"
-EVENTS_TOPIC = "tool-dispatcher.events"
-PRODUCER = "tool-dispatcher.intake"
 # Targets at 16 clients (issue 15).
 TARGETS = {
     "library/session": 0.9,
@@ -112,114 +91,6 @@ BOUNDS = {
     "library/psycopg-in-session": None,
 }
 NOISY_OTHER_LOAD = 25.0
-
-# --- the rows that intake writes, as plain SQL (psycopg and pgbench) ----------------
-#
-# One call writes: the tool_calls row (RETURNING *), two execution_events rows
-# (requested, authorized) and three outbox rows (both events published on the events
-# topic, keyed by run, and the dispatch command, keyed by call). The ceilings write
-# exactly these rows in the fewest plain statements: one INSERT per table.
-
-_CALL_COLUMNS = (
-    "tool_call_id, tenant, run_id, turn_id, capability_id, input, idempotency_key, "
-    "request_fingerprint, status, correlation_id, causation_id, reasoning_object_id"
-)
-_EVENT_COLUMNS = (
-    "event_id, event_type, tenant, run_id, turn_id, producer, reasoning_object_id, "
-    "capability_id, correlation_id, causation_id, tool_call_id, schema_version, "
-    "occurred_at, payload"
-)
-PSYCOPG_SQL = (
-    f"INSERT INTO tool_calls ({_CALL_COLUMNS}) VALUES "
-    "(%s, %s, %s, NULL, %s, %s, %s, %s, 'authorized', NULL, NULL, NULL) "
-    "ON CONFLICT DO NOTHING RETURNING *",
-    f"INSERT INTO execution_events ({_EVENT_COLUMNS}) VALUES "
-    "(%s, 'tool.call.requested', %s, %s, NULL, %s, NULL, %s, NULL, NULL, %s, 1, %s, %s), "
-    "(%s, 'tool.call.authorized', %s, %s, NULL, %s, NULL, %s, NULL, %s, %s, 1, %s, %s)",
-    "INSERT INTO outbox (topic, key, payload, headers) VALUES "
-    "(%s, %s, %s, %s), (%s, %s, %s, %s), (%s, %s, %s, %s)",
-)
-
-
-def event_message(
-    event_id: str, event_type: str, run: str, tc: str, causation: str | None, now: str
-) -> tuple[str, str, Jsonb, Jsonb]:
-    """Outbox values publishing one event (same fields as dispatcher.ledger.events)."""
-    body: dict[str, object] = {
-        "eventId": event_id,
-        "eventType": event_type,
-        "tenant": TENANT,
-        "runId": run,
-        "turnId": None,
-        "producer": PRODUCER,
-        "reasoningObjectId": None,
-        "capabilityId": CAPABILITY,
-        "correlationId": None,
-        "causationId": causation,
-        "toolCallId": tc,
-        "schemaVersion": 1,
-        "occurredAt": now,
-        "payload": {},
-    }
-    return (EVENTS_TOPIC, run, Jsonb(body), Jsonb(_headers(event_id, event_type, now)))
-
-
-def _headers(message_id: str, ce_type: str, now: str) -> dict[str, str]:
-    return {
-        "ce_id": message_id,
-        "ce_type": ce_type,
-        "ce_source": f"/tool-dispatcher/{PRODUCER}",
-        "ce_specversion": "1.0",
-        "ce_time": now,
-    }
-
-
-def pgbench_script(input_json: str, fp: str) -> str:
-    """The same rows as a pgbench script; ids come from a 63-bit random."""
-    tc = "(:id)::text"
-    req = "'evt_' || (:id)::text || 'r'"
-    auth = "'evt_' || (:id)::text || 'a'"
-    run = "'run-' || (:client_id)::text"
-
-    def event(event_id: str, event_type: str, causation: str) -> str:
-        body = (
-            f"jsonb_build_object('eventId', {event_id}, 'eventType', '{event_type}', "
-            f"'tenant', '{TENANT}', 'runId', {run}, 'turnId', NULL, 'producer', '{PRODUCER}', "
-            f"'reasoningObjectId', NULL, 'capabilityId', '{CAPABILITY}', "
-            f"'correlationId', NULL, 'causationId', {causation}, 'toolCallId', {tc}, "
-            f"'schemaVersion', 1, 'occurredAt', now()::text, 'payload', '{{}}'::jsonb)"
-        )
-        return f"('{EVENTS_TOPIC}', {run}, {body}, {headers(event_id, event_type)})"
-
-    def headers(message_id: str, ce_type: str) -> str:
-        return (
-            f"jsonb_build_object('ce_id', {message_id}, 'ce_type', '{ce_type}', "
-            f"'ce_source', '/tool-dispatcher/{PRODUCER}', 'ce_specversion', '1.0', "
-            "'ce_time', now()::text)"
-        )
-
-    command = (
-        f"jsonb_build_object('toolCallId', {tc}, 'tenant', '{TENANT}', 'runId', {run}, "
-        f"'capabilityId', '{CAPABILITY}', 'idempotencyKey', {tc}, 'causationId', {auth})"
-    )
-    return f"""\\set id random(1, 9000000000000000000)
-BEGIN;
-INSERT INTO tool_calls ({_CALL_COLUMNS}) VALUES ({tc}, '{TENANT}', {run}, NULL, '{CAPABILITY}',
-  '{input_json}'::jsonb, {tc}, '{fp}', 'authorized', NULL, NULL, NULL)
-  ON CONFLICT DO NOTHING RETURNING *;
-INSERT INTO execution_events ({_EVENT_COLUMNS}) VALUES
-  ({req}, 'tool.call.requested', '{TENANT}', {run}, NULL, '{PRODUCER}', NULL,
-   '{CAPABILITY}', NULL, NULL, {tc}, 1, now(),
-   jsonb_build_object('idempotencyKey', {tc}, 'requiresApproval', false)),
-  ({auth}, 'tool.call.authorized', '{TENANT}', {run}, NULL, '{PRODUCER}', NULL,
-   '{CAPABILITY}', NULL, {req}, {tc}, 1, now(), '{{"reason": "no approval required"}}'::jsonb);
-INSERT INTO outbox (topic, key, payload, headers) VALUES
-  {event(req, "tool.call.requested", "NULL")},
-  {event(auth, "tool.call.authorized", req)},
-  ('{TOPIC}', {tc}, {command}, {headers("gen_random_uuid()::text", "tool.call.dispatch")});
-COMMIT;
-"""
-
 
 # --- scratch databases ------------------------------------------------------------
 
@@ -256,17 +127,7 @@ class ScratchDatabases:
         self._admin(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
 
 
-# --- the four modes ---------------------------------------------------------------
-
-
-def _meter(url: str, **roles: psutil.Process | list[psutil.Process]) -> CpuMeter:
-    """CPU of the given processes (a role may be several) and of the PostgreSQL
-    processes serving ``url``."""
-    database = make_url(url).database or ""
-    groups = {
-        name: (lambda p=procs: p if isinstance(p, list) else [p]) for name, procs in roles.items()
-    }
-    return CpuMeter({**groups, "postgres": lambda: postgres_processes(database)})
+# --- the modes in this process ---------------------------------------------------
 
 
 def library_engine(url: str, clients: int) -> AsyncEngine:
@@ -307,7 +168,7 @@ async def run_library(url: str, clients: int, seconds: float, warmup: float) -> 
             [library_client(sessions, f"run-{i}") for i in range(clients)],
             seconds=seconds,
             warmup=warmup,
-            cpu=_meter(url, client=psutil.Process()),
+            cpu=postgres_meter(url, client=psutil.Process()),
         )
     finally:
         await engine.dispose()
@@ -339,53 +200,10 @@ async def run_session(url: str, clients: int, seconds: float, warmup: float) -> 
             [replay_client(sessions, statements, {"run-0": f"run-{i}"}) for i in range(clients)],
             seconds=seconds,
             warmup=warmup,
-            cpu=_meter(url, client=psutil.Process()),
+            cpu=postgres_meter(url, client=psutil.Process()),
         )
     finally:
         await engine.dispose()
-
-
-def raw_rows(run: str) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
-    """The same rows as intake writes, in raw psycopg, on the connection it is given
-    (in the transaction open there)."""
-    call_sql, events_sql, outbox_sql = PSYCOPG_SQL
-    fp = fingerprint(CAPABILITY, INPUT)
-
-    async def write(conn: psycopg.AsyncConnection[Any]) -> None:
-        tc = str(uuid.uuid4())
-        req, auth = f"evt_{uuid.uuid4().hex}", f"evt_{uuid.uuid4().hex}"
-        now = datetime.now(UTC)
-        iso = now.isoformat()
-        command = {
-            "toolCallId": tc,
-            "tenant": TENANT,
-            "runId": run,
-            "capabilityId": CAPABILITY,
-            "idempotencyKey": tc,
-            "causationId": auth,
-        }
-        cur = await conn.execute(call_sql, (tc, TENANT, run, CAPABILITY, Jsonb(INPUT), tc, fp))
-        await cur.fetchone()
-        await conn.execute(
-            events_sql,
-            (
-                *(req, TENANT, run, PRODUCER, CAPABILITY, tc, now),
-                Jsonb({"idempotencyKey": tc, "requiresApproval": False}),
-                *(auth, TENANT, run, PRODUCER, CAPABILITY, req, tc, now),
-                Jsonb({"reason": "no approval required"}),
-            ),
-        )
-        await conn.execute(
-            outbox_sql,
-            (
-                *event_message(req, "tool.call.requested", run, tc, None, iso),
-                *event_message(auth, "tool.call.authorized", run, tc, req, iso),
-                *(TOPIC, tc, Jsonb(command)),
-                Jsonb(_headers(str(uuid.uuid4()), "tool.call.dispatch", iso)),
-            ),
-        )
-
-    return write
 
 
 def psycopg_client(pool: AsyncConnectionPool, run: str) -> Call:
@@ -422,7 +240,7 @@ async def run_psycopg_in_session(url: str, clients: int, seconds: float, warmup:
             [psycopg_in_session_client(sessions, f"run-{i}") for i in range(clients)],
             seconds=seconds,
             warmup=warmup,
-            cpu=_meter(url, client=psutil.Process()),
+            cpu=postgres_meter(url, client=psutil.Process()),
         )
     finally:
         await engine.dispose()
@@ -449,7 +267,7 @@ async def _on_pool(
             [client(pool, f"run-{i}") for i in range(clients)],
             seconds=seconds,
             warmup=warmup,
-            cpu=_meter(url, client=psutil.Process()),
+            cpu=postgres_meter(url, client=psutil.Process()),
         )
     finally:
         await pool.close()
@@ -470,7 +288,7 @@ async def run_pgbench(url: str, clients: int, seconds: float, warmup: float) -> 
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
         # CPU is sampled inside the run: pgbench's backends are gone once it exits.
-        cpu = _meter(url, client=psutil.Process(proc.pid))
+        cpu = postgres_meter(url, client=psutil.Process(proc.pid))
         communicate = asyncio.create_task(proc.communicate())
         await asyncio.sleep(0.5)
         cpu.start()
@@ -497,161 +315,6 @@ def _pgbench_latencies(log_dir: Path) -> list[float]:
         for log in log_dir.glob("log.*")
         for line in log.read_text().splitlines()
     ]
-
-
-class _HttpConnection(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection, one request at a time, responses framed by
-    Content-Length (all the API sends). Much cheaper per request than httpx."""
-
-    def __init__(self) -> None:
-        self._transport: asyncio.Transport | None = None
-        self._buffer = bytearray()
-        self._waiter: asyncio.Future[tuple[int, bytes]] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self._buffer += data
-        end = self._buffer.find(b"\r\n\r\n")
-        if end < 0 or self._waiter is None:
-            return
-        head = bytes(self._buffer[:end]).lower()
-        length = re.search(rb"\r\ncontent-length: *(\d+)", head)
-        total = end + 4 + (int(length.group(1)) if length else 0)
-        if len(self._buffer) < total:
-            return
-        body = bytes(self._buffer[end + 4 : total])
-        del self._buffer[:total]
-        waiter, self._waiter = self._waiter, None
-        waiter.set_result((int(head[9:12]), body))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_exception(ConnectionError("the server closed the connection"))
-
-    async def request(self, raw: bytes) -> tuple[int, bytes]:
-        assert self._transport is not None
-        self._waiter = asyncio.get_running_loop().create_future()
-        self._transport.write(raw)
-        return await self._waiter
-
-    def close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-
-
-def server_flavour() -> str:
-    """The server's event loop (dispatcher.runtime's, which the server inherits through
-    this process's environment) and uvicorn's HTTP parser."""
-    loop = os.environ.get("TOOL_DISPATCHER_EVENT_LOOP", "uvloop")
-    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
-    return f"uvicorn loop={loop} http={http}"
-
-
-@contextlib.asynccontextmanager
-async def api_process(
-    url: str, clients: int, key: str, log: Path
-) -> AsyncIterator[tuple[int, int]]:
-    """``python -m dispatcher serve`` in its own process; yields (port, pid)."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "TOOL_DISPATCHER_DATABASE_URL": url,
-        "TOOL_DISPATCHER_API_KEYS": json.dumps([{"sha256": hash_api_key(key), "tenant": TENANT}]),
-        "TOOL_DISPATCHER_HTTP_HOST": "127.0.0.1",
-        "TOOL_DISPATCHER_HTTP_PORT": str(port),
-        "TOOL_DISPATCHER_DB_POOL_SIZE": str(max(clients, 2)),
-        # `serve` has no default registry; the library modes use this one too.
-        "TOOL_DISPATCHER_CAPABILITIES_FILE": str(SANDBOX_REGISTRY),
-        # One tenant at full speed is what is measured: its rate limit would cap it.
-        "TOOL_DISPATCHER_SUBMIT_RATE_PER_SECOND": "0",
-    }
-    out = await asyncio.to_thread(log.open, "wb")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "dispatcher", "serve",
-        cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        await asyncio.to_thread(wait_for_port, "127.0.0.1", port, 30.0)
-        yield port, proc.pid
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 15)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-        out.close()
-
-
-async def run_http(url: str, clients: int, seconds: float, warmup: float) -> Cell:
-    return await _http_cell("http", url, clients, seconds, warmup, processes=1)
-
-
-async def run_http_per_core(url: str, clients: int, seconds: float, warmup: float) -> Cell:
-    """As deployed on this machine: one API process per core (the API is one Python
-    process, so it uses one core; PostgreSQL's backends use them all), the clients
-    split evenly between them, each kept on one as a load balancer would."""
-    cores = psutil.cpu_count() or 1
-    return await _http_cell("http-cores", url, clients, seconds, warmup, processes=cores)
-
-
-async def _http_cell(
-    mode: str, url: str, clients: int, seconds: float, warmup: float, *, processes: int
-) -> Cell:
-    key = "tdk_bench_" + secrets.token_hex(16)
-    with tempfile.TemporaryDirectory(prefix="td-http-") as tmp:
-        logs = [Path(tmp, f"server-{n}.log") for n in range(processes)]
-        async with contextlib.AsyncExitStack() as stack:
-            pool = -(-clients // processes)
-            servers = [
-                await stack.enter_async_context(api_process(url, pool, key, log)) for log in logs
-            ]
-            loop = asyncio.get_running_loop()
-            ports = [servers[i % processes][0] for i in range(clients)]
-            conns = [
-                (await loop.create_connection(_HttpConnection, "127.0.0.1", port))[1]
-                for port in ports
-            ]
-            procs = [psutil.Process(pid) for _, pid in servers]
-            meter = _meter(url, client=psutil.Process(), server=procs)
-            try:
-                cell = await drive(
-                    Cell(mode, clients),
-                    [_http_client(i, c, ports[i], key) for i, c in enumerate(conns)],
-                    seconds=seconds,
-                    warmup=warmup,
-                    cpu=meter,
-                )
-            finally:
-                for conn in conns:
-                    conn.close()
-        if cell.errors or not cell.calls:
-            text = "".join(
-                [await asyncio.to_thread(log.read_text, errors="replace") for log in logs]
-            )
-            tail = text.strip().splitlines()[-3:]
-            cell.note = (cell.note + " | server: " + " / ".join(tail))[:300]
-    return cell
-
-
-def _http_client(i: int, conn: _HttpConnection, port: int, key: str) -> Call:
-    body = json.dumps({"runId": f"run-{i}", "capabilityId": CAPABILITY, "input": INPUT}).encode()
-    raw = (
-        f"POST /v1/tool-calls HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-
-    async def call() -> None:
-        status, answer = await conn.request(raw)
-        if status != 201:
-            raise RuntimeError(f"HTTP {status}: {answer[:200]!r}")
-
-    return call
 
 
 RUNNERS = {
