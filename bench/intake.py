@@ -160,12 +160,25 @@ def _submitter(
 
 
 async def run_library(url: str, clients: int, seconds: float, warmup: float) -> Cell:
+    return await _on_sessions("library", library_client, url, clients, seconds, warmup)
+
+
+async def _on_sessions(
+    mode: str,
+    client: Callable[[async_sessionmaker[AsyncSession], str], Call],
+    url: str,
+    clients: int,
+    seconds: float,
+    warmup: float,
+) -> Cell:
+    """A cell whose clients each open the caller's ``AsyncSession`` on one engine, as
+    :func:`_on_pool` for a raw psycopg pool."""
     engine = library_engine(url, clients)
     sessions = session_factory(engine)
     try:
         return await drive(
-            Cell("library", clients),
-            [library_client(sessions, f"run-{i}") for i in range(clients)],
+            Cell(mode, clients),
+            [client(sessions, f"run-{i}") for i in range(clients)],
             seconds=seconds,
             warmup=warmup,
             cpu=postgres_meter(url, client=psutil.Process()),
@@ -232,18 +245,9 @@ def psycopg_in_session_client(sessions: async_sessionmaker[AsyncSession], run: s
 
 
 async def run_psycopg_in_session(url: str, clients: int, seconds: float, warmup: float) -> Cell:
-    engine = library_engine(url, clients)
-    sessions = session_factory(engine)
-    try:
-        return await drive(
-            Cell("psycopg-in-session", clients),
-            [psycopg_in_session_client(sessions, f"run-{i}") for i in range(clients)],
-            seconds=seconds,
-            warmup=warmup,
-            cpu=postgres_meter(url, client=psutil.Process()),
-        )
-    finally:
-        await engine.dispose()
+    return await _on_sessions(
+        "psycopg-in-session", psycopg_in_session_client, url, clients, seconds, warmup
+    )
 
 
 async def run_psycopg(url: str, clients: int, seconds: float, warmup: float) -> Cell:
