@@ -13,6 +13,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from dispatcher.intake.keys import fingerprint
+from dispatcher.tenancy import ordering_key, provider_key
 
 TENANT = "bench"
 CAPABILITY = "send-email"  # no approval, no key template: one call, two events, one command
@@ -24,12 +25,13 @@ PRODUCER = "tool-dispatcher.intake"
 
 # One call writes: the tool_calls row (RETURNING *), two execution_events rows
 # (requested, authorized) and three outbox rows (both events published on the events
-# topic, keyed by run, and the dispatch command, keyed by call). The ceilings write
-# exactly these rows in the fewest plain statements: one INSERT per table.
+# topic, keyed by the tenant's run, and the dispatch command, keyed by the tenant's
+# call). The ceilings write exactly these rows in the fewest plain statements: one
+# INSERT per table.
 
 _CALL_COLUMNS = (
     "tool_call_id, tenant, run_id, turn_id, capability_id, input, idempotency_key, "
-    "request_fingerprint, status, correlation_id, causation_id, reasoning_object_id"
+    "provider_key, request_fingerprint, status, correlation_id, causation_id, reasoning_object_id"
 )
 _EVENT_COLUMNS = (
     "event_id, event_type, tenant, run_id, turn_id, producer, reasoning_object_id, "
@@ -38,7 +40,7 @@ _EVENT_COLUMNS = (
 )
 PSYCOPG_SQL = (
     f"INSERT INTO tool_calls ({_CALL_COLUMNS}) VALUES "
-    "(%s, %s, %s, NULL, %s, %s, %s, %s, 'authorized', NULL, NULL, NULL) "
+    "(%s, %s, %s, NULL, %s, %s, %s, %s, %s, 'authorized', NULL, NULL, NULL) "
     "ON CONFLICT DO NOTHING RETURNING *",
     f"INSERT INTO execution_events ({_EVENT_COLUMNS}) VALUES "
     "(%s, 'tool.call.requested', %s, %s, NULL, %s, NULL, %s, NULL, NULL, %s, 1, %s, %s), "
@@ -68,7 +70,12 @@ def event_message(
         "occurredAt": now,
         "payload": {},
     }
-    return (EVENTS_TOPIC, run, Jsonb(body), Jsonb(_headers(event_id, event_type, now)))
+    return (
+        EVENTS_TOPIC,
+        ordering_key(TENANT, run),
+        Jsonb(body),
+        Jsonb(_headers(event_id, event_type, now)),
+    )
 
 
 def _headers(message_id: str, ce_type: str, now: str) -> dict[str, str]:
@@ -96,7 +103,7 @@ def pgbench_script(input_json: str, fp: str) -> str:
             f"'correlationId', NULL, 'causationId', {causation}, 'toolCallId', {tc}, "
             f"'schemaVersion', 1, 'occurredAt', now()::text, 'payload', '{{}}'::jsonb)"
         )
-        return f"('{EVENTS_TOPIC}', {run}, {body}, {headers(event_id, event_type)})"
+        return f"('{EVENTS_TOPIC}', '{TENANT}/' || {run}, {body}, {headers(event_id, event_type)})"
 
     def headers(message_id: str, ce_type: str) -> str:
         return (
@@ -112,7 +119,7 @@ def pgbench_script(input_json: str, fp: str) -> str:
     return f"""\\set id random(1, 9000000000000000000)
 BEGIN;
 INSERT INTO tool_calls ({_CALL_COLUMNS}) VALUES ({tc}, '{TENANT}', {run}, NULL, '{CAPABILITY}',
-  '{input_json}'::jsonb, {tc}, '{fp}', 'authorized', NULL, NULL, NULL)
+  '{input_json}'::jsonb, {tc}, '{TENANT}:' || {tc}, '{fp}', 'authorized', NULL, NULL, NULL)
   ON CONFLICT DO NOTHING RETURNING *;
 INSERT INTO execution_events ({_EVENT_COLUMNS}) VALUES
   ({req}, 'tool.call.requested', '{TENANT}', {run}, NULL, '{PRODUCER}', NULL,
@@ -123,7 +130,8 @@ INSERT INTO execution_events ({_EVENT_COLUMNS}) VALUES
 INSERT INTO outbox (topic, key, payload, headers) VALUES
   {event(req, "tool.call.requested", "NULL")},
   {event(auth, "tool.call.authorized", req)},
-  ('{TOPIC}', {tc}, {command}, {headers("gen_random_uuid()::text", "tool.call.dispatch")});
+  ('{TOPIC}', '{TENANT}/' || {tc}, {command},
+   {headers("gen_random_uuid()::text", "tool.call.dispatch")});
 COMMIT;
 """
 
@@ -147,7 +155,10 @@ def raw_rows(run: str) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[Non
             "idempotencyKey": tc,
             "causationId": auth,
         }
-        cur = await conn.execute(call_sql, (tc, TENANT, run, CAPABILITY, Jsonb(INPUT), tc, fp))
+        cur = await conn.execute(
+            call_sql,
+            (tc, TENANT, run, CAPABILITY, Jsonb(INPUT), tc, provider_key(TENANT, tc), fp),
+        )
         await cur.fetchone()
         await conn.execute(
             events_sql,
@@ -163,7 +174,7 @@ def raw_rows(run: str) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[Non
             (
                 *event_message(req, "tool.call.requested", run, tc, None, iso),
                 *event_message(auth, "tool.call.authorized", run, tc, req, iso),
-                *(TOPIC, tc, Jsonb(command)),
+                *(TOPIC, ordering_key(TENANT, tc), Jsonb(command)),
                 Jsonb(_headers(str(uuid.uuid4()), "tool.call.dispatch", iso)),
             ),
         )

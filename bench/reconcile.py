@@ -158,6 +158,7 @@ class Run:
                                 "capability_id": "refund",
                                 "input": {"n": key},
                                 "idempotency_key": key,
+                                "provider_key": key,
                                 "request_fingerprint": "bench",
                                 "status": "result_unknown",
                                 "verification_status": "pending",

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from dispatcher.errors import CapabilityNotFound, ValidationFailed
@@ -97,6 +104,30 @@ class Capability(_Model):
     compensation: Endpoint | None = None
     retry: RetryPolicy = RetryPolicy()
     reconcile: ReconcilePolicy = ReconcilePolicy()
+    # Whose account the provider credential is: one shared by every tenant (the
+    # default: one credential per capability), or each tenant's own (a credential per
+    # tenant and capability in the provider secrets; a tenant without one is never sent
+    # another's).
+    provider_account: Literal["shared", "per_tenant"] = "shared"
+    # The idempotency key the provider receives: qualified by the tenant
+    # (dispatcher.tenancy.provider_key), or as the tenant wrote it, which only an
+    # account of the tenant's own may take: in a shared one two tenants' keys collide.
+    provider_keys: Literal["namespaced", "as_written"] = "namespaced"
+
+    @property
+    def namespaces_keys(self) -> bool:
+        """Whether the provider receives keys qualified by tenant."""
+        return self.provider_keys == "namespaced"
+
+    @model_validator(mode="after")
+    def _keys_never_meet_in_a_shared_account(self) -> Capability:
+        if self.provider_keys == "as_written" and self.provider_account == "shared":
+            raise ValueError(
+                f'capability {self.id!r}: providerKeys = "as_written" needs '
+                'providerAccount = "per_tenant" (in a shared provider account two '
+                "tenants' keys would collide)"
+            )
+        return self
 
     @field_validator("idempotency_key_template")
     @classmethod
@@ -136,7 +167,14 @@ def load_registry(path: Path) -> CapabilityRegistry:
     try:
         data = tomllib.loads(source.read_text())
         items = [Capability.model_validate(raw) for raw in data.get("capability", [])]
-    except (OSError, tomllib.TOMLDecodeError, ValidationError) as exc:
+    except ValidationError as exc:
+        # One line, the first mistake: what the CLI prints before it exits 2.
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ValueError(
+            f"capability registry {source}: {where + ': ' if where else ''}{first['msg']}"
+        ) from exc
+    except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"capability registry {source}: {exc}") from exc
     by_id: dict[str, Capability] = {}
     for cap in items:

@@ -57,6 +57,17 @@ def _upper(value: object) -> object:
     return value.upper() if isinstance(value, str) else value
 
 
+def _secret_files(directory: Path | None) -> dict[str, str]:
+    """The credentials in ``directory``: one per file, named by its capability id."""
+    if directory is None:
+        return {}
+    return {p.name: p.read_text().strip() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def _revealed(secrets: dict[str, SecretStr]) -> dict[str, str]:
+    return {name: secret.get_secret_value() for name, secret in secrets.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class Topics:
     """The Kafka topics tool-dispatcher writes (:meth:`Settings.topics`): dispatch
@@ -189,9 +200,14 @@ class Settings(BaseSettings):
     redrive_interval_seconds: float = Field(default=15.0, gt=0)
     # e.g. "after-send:3": SIGKILL at the 3rd pass of that point (crash tests only).
     crash_at: str | None = None
-    # Provider credentials by capability id, added at send time only.
+    # Provider credentials by capability id, added at send time only: the account every
+    # tenant shares (a capability's providerAccount = "shared", the default).
     provider_secrets: dict[str, SecretStr] = Field(default_factory=dict)
-    # A directory of files named after capability ids, each holding one credential.
+    # Credentials of capabilities whose provider account is each tenant's own
+    # (providerAccount = "per_tenant"): by tenant, then capability id.
+    tenant_provider_secrets: dict[str, dict[str, SecretStr]] = Field(default_factory=dict)
+    # A directory of files named after capability ids, each holding one credential (the
+    # shared ones), and of directories named after tenants holding such files (theirs).
     provider_secrets_dir: Path | None = None
 
     # Reconciler: calls claimed per transaction, lookups in flight, how long a claim
@@ -230,14 +246,22 @@ class Settings(BaseSettings):
         return Topics(self.dispatch_topic, self.events_topic, self.escalations_topic)
 
     def provider_credentials(self) -> dict[str, str]:
-        """Credentials by capability id: files in ``provider_secrets_dir`` first, then
-        ``provider_secrets`` (which wins)."""
-        found: dict[str, str] = {}
+        """Shared credentials by capability id: files in ``provider_secrets_dir`` first,
+        then ``provider_secrets`` (which wins)."""
+        found = _secret_files(self.provider_secrets_dir)
+        found.update(_revealed(self.provider_secrets))
+        return found
+
+    def tenant_provider_credentials(self) -> dict[str, dict[str, str]]:
+        """Each tenant's own credentials by capability id: the files of its directory
+        in ``provider_secrets_dir`` first, then ``tenant_provider_secrets`` (which wins)."""
+        found: dict[str, dict[str, str]] = {}
         if self.provider_secrets_dir is not None:
             for path in sorted(self.provider_secrets_dir.iterdir()):
-                if path.is_file():
-                    found[path.name] = path.read_text().strip()
-        found.update({k: v.get_secret_value() for k, v in self.provider_secrets.items()})
+                if path.is_dir() and not path.name.startswith("."):
+                    found[path.name] = _secret_files(path)
+        for tenant, secrets in self.tenant_provider_secrets.items():
+            found.setdefault(tenant, {}).update(_revealed(secrets))
         return found
 
     def sqlalchemy_url(self) -> str:

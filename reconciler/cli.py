@@ -23,6 +23,7 @@ from dispatcher.cli.ops_server import process_ops
 from dispatcher.cli.parsing import fail, require_registry
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.db.errors import DbErrorClass, classify
+from dispatcher.provider.contract import Credentials
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import Settings
 from reconciler.loop import Reconciler
@@ -67,7 +68,7 @@ async def reconciler_for(
                     batch_size=settings.reconcile_batch_size,
                     concurrency=settings.reconcile_concurrency,
                     lease_seconds=settings.reconcile_lease_seconds,
-                    secrets=settings.provider_credentials(),
+                    secrets=Credentials.configured(settings),
                 ),
                 sessions,
             )

@@ -41,7 +41,9 @@ class DueCall:
     run_id: str
     capability_id: str
     status: S
-    idempotency_key: str
+    provider_key: str
+    """The key the provider received (``tool_calls.provider_key``): lookups by key
+    and compensations use it."""
     external_request_id: str | None
     version: int
     reconcile_attempts: int
@@ -125,7 +127,7 @@ async def claim_due(
             tool_calls.c.run_id,
             tool_calls.c.capability_id,
             tool_calls.c.status,
-            tool_calls.c.idempotency_key,
+            tool_calls.c.provider_key,
             tool_calls.c.external_request_id,
             tool_calls.c.version,
             tool_calls.c.reconcile_attempts,
@@ -143,7 +145,7 @@ async def claim_due(
             run_id=r.run_id,
             capability_id=r.capability_id,
             status=S(r.status),
-            idempotency_key=r.idempotency_key,
+            provider_key=r.provider_key,
             external_request_id=r.external_request_id,
             version=r.version,
             reconcile_attempts=r.reconcile_attempts,

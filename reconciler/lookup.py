@@ -16,8 +16,9 @@ from urllib.parse import quote
 
 from dispatcher.capabilities import Capability, Endpoint
 from dispatcher.provider.contract import (
+    Credentials,
+    NoTenantCredential,
     ProviderState,
-    credential_headers,
     external_request_id,
     read_json,
     state_of,
@@ -108,16 +109,20 @@ def lookup_urls(capability: Capability, external_request_id: str | None, key: st
 
 class ProviderLookup:
     """Lookups and compensations over the process's :class:`Transport`; ``secrets``
-    maps a capability id to its credential, sent as ``Authorization: Bearer``."""
+    are the provider credentials (a plain mapping: by capability id, shared by every
+    tenant), sent as ``Authorization: Bearer``."""
 
-    def __init__(self, transport: Transport, secrets: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, transport: Transport, secrets: Credentials | Mapping[str, str] | None = None
+    ) -> None:
         self._transport = transport
-        self._secrets = dict(secrets or {})
+        self._credentials = Credentials.of(secrets)
 
     async def look_up(
         self,
         capability: Capability,
         *,
+        tenant: str,
         external_request_id: str | None,
         idempotency_key: str,
         key_still_remembered: bool,
@@ -141,7 +146,7 @@ class ProviderLookup:
             reply = await self._transport.send(
                 endpoint.method,
                 url,
-                headers=self._headers(capability),
+                headers=self._headers(capability, tenant),
                 timeout_seconds=endpoint.timeout_seconds,
             )
         except (NotSent, MaybeReceived) as exc:
@@ -154,17 +159,22 @@ class ProviderLookup:
         return _classify(reply, via)
 
     async def compensate(
-        self, capability: Capability, *, external_request_id: str, idempotency_key: str
+        self,
+        capability: Capability,
+        *,
+        tenant: str,
+        external_request_id: str,
+        idempotency_key: str,
     ) -> CompensationAnswer:
         """Ask the provider to undo a succeeded request."""
         endpoint = capability.compensation
         if endpoint is None:
             return CompensationAnswer(Reversal.REFUSED, error="no compensation endpoint")
-        headers = {
-            **self._headers(capability),
-            "Idempotency-Key": compensation_key(idempotency_key),
-        }
         try:
+            headers = {
+                **self._headers(capability, tenant),
+                "Idempotency-Key": compensation_key(idempotency_key),
+            }
             reply = await self._transport.send(
                 endpoint.method,
                 _fill(endpoint, "externalRequestId", external_request_id),
@@ -189,8 +199,12 @@ class ProviderLookup:
             return CompensationAnswer(Reversal.UNKNOWN, status, body, error)
         return CompensationAnswer(Reversal.REFUSED, status, body, error)
 
-    def _headers(self, capability: Capability) -> dict[str, str]:
-        return credential_headers(self._secrets, capability.id)
+    def _headers(self, capability: Capability, tenant: str) -> dict[str, str]:
+        try:
+            return self._credentials.headers(capability, tenant)
+        except NoTenantCredential as exc:
+            # Before a byte is written, as for any request that cannot be built.
+            raise Unsendable(exc) from exc
 
 
 def _fill(endpoint: Endpoint, name: str, value: str) -> str:

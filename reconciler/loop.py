@@ -30,19 +30,14 @@ from dispatcher.ledger.events import EventType
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import Fence
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.contract import Credentials
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.worker.executor import Executor
 from reconciler import metrics
 from reconciler.due import DueCall, claim_due, database_now
-from reconciler.lookup import (
-    Answer,
-    CompensationAnswer,
-    ProviderLookup,
-    Reversal,
-    lookup_urls,
-)
+from reconciler.lookup import Answer, CompensationAnswer, ProviderLookup, Reversal, lookup_urls
 from reconciler.metrics import Tally
 from reconciler.policy import (
     Decision,
@@ -89,7 +84,7 @@ class Reconciler:
         concurrency: int = 64,
         lease_seconds: float = 60.0,
         batches_in_flight: int = 2,
-        secrets: dict[str, str] | None = None,
+        secrets: Credentials | dict[str, str] | None = None,
     ) -> None:
         self.owner = owner or new_reconciler_id()
         self._sessions = sessions
@@ -198,8 +193,9 @@ class Reconciler:
             async with self._in_flight:
                 answer = await self._lookup.look_up(
                     capability,
+                    tenant=call.tenant,
                     external_request_id=call.external_request_id,
-                    idempotency_key=call.idempotency_key,
+                    idempotency_key=call.provider_key,
                     key_still_remembered=call.age_seconds < window,
                 )
         except Exception as exc:
@@ -265,8 +261,9 @@ class Reconciler:
             async with self._in_flight:
                 reply = await self._lookup.compensate(
                     capability,
+                    tenant=call.tenant,
                     external_request_id=external_id,
-                    idempotency_key=call.idempotency_key,
+                    idempotency_key=call.provider_key,
                 )
         except Exception as exc:
             # It may have been sent: no definitive answer, asked again (same key).
@@ -303,7 +300,7 @@ class Reconciler:
                 for url in lookup_urls(
                     capability,
                     answer.external_request_id or call.external_request_id,
-                    call.idempotency_key,
+                    call.provider_key,
                 )
             ]
             if capability is not None

@@ -17,6 +17,7 @@ from dispatcher.api.deps import (
     AppSettings,
     Operator,
     Reader,
+    Registry,
     Sessions,
     caller_of,
     checks_its_caller,
@@ -177,6 +178,7 @@ async def retry(
     caller: Operator,
     sessions: Sessions,
     settings: AppSettings,
+    registry: Registry,
 ) -> Response:
     body = parse_body(RetryRequest, await request.body(), "retry request")
     async with sessions() as session, session.begin():
@@ -186,6 +188,7 @@ async def retry(
             body,
             tenant=caller.tenant,
             actor=caller.actor(),
+            registry=registry,
             topics=settings.topics(),
         )
     return model_response(view)

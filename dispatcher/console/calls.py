@@ -71,6 +71,7 @@ async def retry(request: Request, tool_call_id: str, viewer: Signed) -> Response
             body,
             tenant=viewer.principal.tenant,
             actor=viewer.principal.actor("console"),
+            registry=request.app.state.registry,
             topics=settings_of(request).topics(),
         )
     return redirect(link("calls", tool_call_id), done="retried")

@@ -159,6 +159,7 @@ async def _evidence(
             "runId": call["run_id"],
             "capabilityId": call["capability_id"],
             "idempotencyKey": call["idempotency_key"],
+            "providerKey": call["provider_key"],
             "externalRequestId": call["external_request_id"],
             "input": call["input"],
             "dispatchAttempts": call["dispatch_attempts"],

@@ -15,6 +15,7 @@ import uuid
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control.actor import Actor
 from dispatcher.control.runs import lock_run
 from dispatcher.db.tables import tool_calls
@@ -27,6 +28,7 @@ from dispatcher.schemas import RetryRequest, ToolCallView
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
+from dispatcher.tenancy import provider_key
 
 RETRIABLE = (S.FAILED, S.ESCALATED)
 
@@ -54,10 +56,12 @@ async def retry_call(
     *,
     tenant: str,
     actor: Actor,
+    registry: CapabilityRegistry,
     topics: Topics = DEFAULT_TOPICS,
 ) -> ToolCallView:
     """``failed`` / ``escalated`` -> ``authorized`` plus a dispatch command, in the
-    caller's transaction; who and why go into the ``tool.call.retried`` event.
+    caller's transaction; who and why go into the ``tool.call.retried`` event. A new
+    key's provider key is qualified as ``registry`` says the capability's are.
 
     Raises :class:`ToolCallNotFound` (also for another tenant's call),
     :class:`RetryNotAllowed` with the reason, or ``RunStopped``."""
@@ -91,6 +95,8 @@ async def retry_call(
         "last_error": None,
     }
     if request.new_idempotency_key:
+        capability = registry.get(call["capability_id"])
+        fields["provider_key"] = provider_key(tenant, key, namespaced=capability.namespaces_keys)
         # The provider's id names the old request, not the one about to be sent.
         fields["external_request_id"] = None
     moved = await move(

@@ -58,6 +58,9 @@ tool_calls = Table(
     Column("capability_id", Text, nullable=False),
     Column("input", JSONB, nullable=False),
     Column("idempotency_key", Text, nullable=False),
+    # The key the provider receives (dispatcher.tenancy.provider_key, migration 0009):
+    # fixed at intake, so every send, lookup and compensation of the call uses it.
+    Column("provider_key", Text, nullable=False),
     Column("request_fingerprint", Text, nullable=False),
     Column("status", Text, nullable=False),
     Column(

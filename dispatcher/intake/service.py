@@ -49,6 +49,7 @@ from dispatcher.schemas import (
 )
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus
+from dispatcher.tenancy import provider_key
 from dispatcher.tracing import Trace, annotate, submit_span
 
 
@@ -193,9 +194,8 @@ def _prepare(
             f"capability {capability.id!r} is disabled", capabilityId=capability.id
         )
     tool_call_id = request.tool_call_id or random_uuid()
-    # The provider's key space is shared by every tenant (credentials are per
-    # capability), and a toolCallId is unique only within its tenant: a key made of
-    # the bare id would let two tenants' calls answer for each other at the provider.
+    # A toolCallId is unique only within its tenant: the default key names the tenant
+    # too, so that a replay finds the call whatever the provider key becomes.
     key = request.idempotency_key or default_key(
         request, tool_call_id, capability.idempotency_key_template, tenant
     )
@@ -218,6 +218,7 @@ def _prepare(
             "capability_id": request.capability_id,
             "input": request.input,
             "idempotency_key": key,
+            "provider_key": provider_key(tenant, key, namespaced=capability.namespaces_keys),
             "request_fingerprint": fingerprint(request.capability_id, request.input),
             "status": status.value,
             "correlation_id": request.correlation_id,

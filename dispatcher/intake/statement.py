@@ -26,13 +26,14 @@ from dispatcher.db.sqltext import compact
 from dispatcher.db.tables import tool_calls
 from dispatcher.ledger.events import envelope_sql
 from dispatcher.schemas import ToolCallView
+from dispatcher.tenancy import ordering_key_sql
 
 _CALL_COLUMNS = {
     "tool_call_id": "text", "tenant": "text", "run_id": "text", "turn_id": "text",
     "capability_id": "text", "input": "jsonb", "idempotency_key": "text",
-    "request_fingerprint": "text", "status": "text", "correlation_id": "text",
-    "causation_id": "text", "reasoning_object_id": "text", "traceparent": "text",
-    "tool_name": "text",
+    "provider_key": "text", "request_fingerprint": "text", "status": "text",
+    "correlation_id": "text", "causation_id": "text", "reasoning_object_id": "text",
+    "traceparent": "text", "tool_name": "text",
 }  # fmt: skip
 _EVENT_COLUMNS = {
     "event_id": "text", "event_type": "text", "tenant": "text", "run_id": "text",
@@ -95,6 +96,7 @@ _INSERTED_EVENT = ", ".join(
     "occurred_at::timestamptz" if c == "occurred_at" else c for c in _EVENT_COLUMNS
 )
 _EVENT_PAYLOAD, _ENVELOPE_HEADERS = envelope_sql("e", "e.occurred_at")
+_EVENT_KEY = ordering_key_sql("e.tenant", "e.run_id")
 _EVENT_HEADERS = (
     f"{_ENVELOPE_HEADERS} || jsonb_strip_nulls("
     "jsonb_build_object('traceparent', e.traceparent, 'tracestate', e.tracestate))"
@@ -143,7 +145,7 @@ def _intake(approvals: bool) -> TextualSelect:
 ), messages AS (
     INSERT INTO outbox ({", ".join(_OUTBOX_COLUMNS)})
     SELECT {", ".join(_OUTBOX_COLUMNS)} FROM (
-        SELECT 0 AS part, e.ordinality, CAST(:events_topic AS text) AS topic, e.run_id AS key,
+        SELECT 0 AS part, e.ordinality, CAST(:events_topic AS text) AS topic, {_EVENT_KEY} AS key,
             {_EVENT_PAYLOAD} AS payload, {_EVENT_HEADERS} AS headers
         FROM events_in e
         UNION ALL

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from dispatcher.db.tables import execution_events
 from dispatcher.ledger.events import envelope_sql
 from dispatcher.settings import Topics
+from dispatcher.tenancy import ordering_key_sql
 
 EVENT_COLUMNS = [c.name for c in execution_events.c if c.name != "seq"]
 MESSAGE_COLUMNS = ["topic", "key", "payload", "headers"]
@@ -39,6 +40,7 @@ _INSERTED = ", ".join(
     "e.occurred_at::timestamptz" if n == "occurred_at" else f"e.{n}" for n in EVENT_COLUMNS
 )
 _PAYLOAD, _HEADERS = envelope_sql("e", "e.occurred_at")
+_KEY = ordering_key_sql("e.tenant", "e.run_id")
 _INSERT_EVENTS_AND_MESSAGES = text(
     f"WITH e AS MATERIALIZED (SELECT {_LISTED}, ord"  # noqa: S608 (constant column lists)
     f" FROM ROWS FROM (jsonb_to_recordset(:events) AS ({_spec()}))"
@@ -46,7 +48,7 @@ _INSERT_EVENTS_AND_MESSAGES = text(
     f" inserted AS (INSERT INTO execution_events ({_LISTED})"
     f" SELECT {_INSERTED} FROM e ORDER BY ord)"
     f" INSERT INTO outbox ({', '.join(MESSAGE_COLUMNS)})"
-    f" SELECT :topic, e.run_id, {_PAYLOAD}, {_HEADERS} FROM e ORDER BY e.ord"
+    f" SELECT :topic, {_KEY}, {_PAYLOAD}, {_HEADERS} FROM e ORDER BY e.ord"
 ).bindparams(bindparam("events", type_=JSONB))
 
 

@@ -20,6 +20,7 @@ from dispatcher.db.tables import execution_events
 from dispatcher.ids import random_hex
 from dispatcher.ledger.messages import Producer, ce_source, enqueue, outbox_row
 from dispatcher.settings import DEFAULT_TOPICS, Topics
+from dispatcher.tenancy import ordering_key
 from outbox_relay.table import CLOUDEVENTS_SPEC_VERSION
 
 SCHEMA_VERSION = 1
@@ -184,12 +185,13 @@ def envelope_sql(row: str, occurred: str) -> tuple[str, str]:
 def event_message(event: Mapping[str, Any], topics: Topics) -> dict[str, Any]:
     """Outbox row values publishing ``event`` (an :func:`event_row`) on the events topic.
 
-    Keyed by run, so a consumer sees each run's facts in order; the message id is the
-    event id, so consumers drop duplicates by it.
+    Keyed by the tenant's run (:func:`dispatcher.tenancy.ordering_key`), so a consumer
+    sees each run's facts in order; the message id is the event id, so consumers drop
+    duplicates by it.
     """
     return outbox_row(
         topic=topics.events,
-        key=event["run_id"],
+        key=ordering_key(event["tenant"], event["run_id"]),
         type=event["event_type"],
         source=ce_source(event["producer"]),
         payload=envelope(event),

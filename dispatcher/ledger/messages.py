@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from dispatcher.db.tables import outbox
 from dispatcher.ids import random_uuid
 from dispatcher.settings import Topics
+from dispatcher.tenancy import ordering_key
 from outbox_relay import OutboxMessage
 
 DISPATCH = "tool.call.dispatch"
@@ -128,15 +129,15 @@ class DispatchCommand:
         )
 
     def to_outbox_row(self, topics: Topics) -> dict[str, Any]:
-        """Outbox row values publishing the command, keyed by call (one call's
-        commands stay in order)."""
+        """Outbox row values publishing the command, keyed by the tenant's call (one
+        call's commands stay in order)."""
         payload: dict[str, Any] = {
             wire: getattr(self, name) for name, wire in _COMMAND_FIELDS.items()
         }
         payload["causationId"] = self.causation_id
         return outbox_row(
             topic=topics.dispatch,
-            key=self.tool_call_id,
+            key=ordering_key(self.tenant, self.tool_call_id),
             type=DISPATCH,
             source=self.source,
             payload=payload,
@@ -180,14 +181,14 @@ def escalation_message(
 ) -> dict[str, Any]:
     """Outbox row values announcing an escalation (its published, camelCase form).
 
-    Keyed by call. The message id is the escalation id for an opening and
+    Keyed by the tenant's call. The message id is the escalation id for an opening and
     ``<escalationId>:resolved`` for its resolution: the escalation row exists once per
     episode, so each message does too, and consumers drop the relay's repeats by it.
     """
     escalation_id = escalation["escalationId"]
     return outbox_row(
         topic=topics.escalations,
-        key=escalation["toolCallId"],
+        key=ordering_key(escalation["tenant"], escalation["toolCallId"]),
         type=kind.value,
         source=ce_source(producer),
         payload=dict(escalation),

@@ -52,6 +52,7 @@ from dispatcher.ledger.transitions import (
 )
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus, check_transition
+from dispatcher.tenancy import ordering_key_sql
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,10 +262,12 @@ def _recorded(moved: CTE, candidates: Sequence[Mapping[str, Any]], topics: Topic
         MESSAGE_COLUMNS,
         select(
             bindparam("events_topic", topics.events, type_=Text),
-            chosen.c.run_id,
+            literal_column(ordering_key_sql("chosen.tenant", "chosen.run_id"), Text),
             literal_column(payload, JSONB),
             literal_column(headers, JSONB),
-        ).order_by(chosen.c.ord),
+        )
+        .select_from(chosen)
+        .order_by(chosen.c.ord),
     )
     return select(moved).add_cte(inserted.cte("recorded")).add_cte(published.cte("published"))
 

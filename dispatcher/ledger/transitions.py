@@ -260,7 +260,7 @@ MOVED_COLUMNS = [
     tool_calls.c[name]
     for name in (
         "tool_call_id", "tenant", "run_id", "turn_id", "capability_id", "correlation_id",
-        "reasoning_object_id", "idempotency_key", "input", "status", "version",
+        "reasoning_object_id", "idempotency_key", "provider_key", "input", "status", "version",
         "external_request_id", "dispatch_attempts", "reconcile_attempts", "traceparent",
         "tool_name",
     )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -29,8 +29,9 @@ from tenacity.wait import wait_random_exponential
 
 from dispatcher.capabilities import Capability, RetryPolicy
 from dispatcher.provider.contract import (
+    Credentials,
+    NoTenantCredential,
     ProviderState,
-    credential_headers,
     external_request_id,
     read_object,
     state_of,
@@ -76,12 +77,15 @@ class DispatchRequest:
 
     tool_call_id: str
     idempotency_key: str
+    """The key the provider receives (the call's stored provider key)."""
     input: Mapping[str, Any]
     trace_seed: str
     traceparent: str | None = None
     """The call's stored trace context: its requests' ``traceparent`` when no span of
     this process records one (:mod:`dispatcher.provider.spans` replaces it then);
     without it, one derived from ``trace_seed``."""
+    tenant: str = field(kw_only=True)
+    """Whose call: the credential of a per-tenant provider account is the tenant's."""
 
 
 class _NotSent(Exception):
@@ -141,13 +145,16 @@ def _not_sendable(exc: Exception, attempt: int) -> ProviderOutcome:
 class ProviderClient:
     """Sends dispatch requests over the process's :class:`Transport`.
 
-    ``secrets`` maps a capability id to the provider credential added at send time as
-    ``Authorization: Bearer``; it is never stored, logged or put in an error.
+    ``secrets`` are the provider credentials (a plain mapping: by capability id, shared
+    by every tenant), added at send time as ``Authorization: Bearer``; never stored,
+    logged or put in an error.
     """
 
-    def __init__(self, transport: Transport, secrets: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, transport: Transport, secrets: Credentials | Mapping[str, str] | None = None
+    ) -> None:
         self._transport = transport
-        self._secrets = dict(secrets or {})
+        self._credentials = Credentials.of(secrets)
 
     async def dispatch(self, capability: Capability, request: DispatchRequest) -> ProviderOutcome:
         try:
@@ -190,7 +197,10 @@ class ProviderClient:
             "traceparent": request.traceparent or traceparent(request.trace_seed),
             "X-Tool-Call-Id": request.tool_call_id,
         }
-        headers.update(credential_headers(self._secrets, capability.id))
+        try:
+            headers.update(self._credentials.headers(capability, request.tenant))
+        except NoTenantCredential as exc:
+            return _not_sendable(exc, attempt)
         try:
             reply = await self._transport.send(
                 endpoint.method,

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from dispatcher.capabilities import Capability
 from dispatcher.provider.transport import Reply
+from dispatcher.settings import Settings
 
 
 class ProviderState(StrEnum):
@@ -67,3 +70,41 @@ def credential_headers(secrets: Mapping[str, str], capability_id: str) -> dict[s
     only, never stored, logged or put in an error."""
     secret = secrets.get(capability_id)
     return {"Authorization": f"Bearer {secret}"} if secret else {}
+
+
+class NoTenantCredential(Exception):
+    """A capability whose provider account is each tenant's own has no credential for
+    this tenant: nothing is sent, rather than sent under another account."""
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """Provider credentials: ``shared`` by capability id (one account for every
+    tenant), ``tenants`` by tenant and then capability id (``providerAccount =
+    "per_tenant"``: each tenant's own account)."""
+
+    shared: Mapping[str, str] = field(default_factory=dict)
+    tenants: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, secrets: Credentials | Mapping[str, str] | None) -> Credentials:
+        """``secrets`` as credentials: a plain mapping is the shared ones."""
+        if isinstance(secrets, Credentials):
+            return secrets
+        return cls(dict(secrets or {}))
+
+    @classmethod
+    def configured(cls, settings: Settings) -> Credentials:
+        """The credentials ``settings`` name (read from their files now)."""
+        return cls(settings.provider_credentials(), settings.tenant_provider_credentials())
+
+    def headers(self, capability: Capability, tenant: str) -> dict[str, str]:
+        """The credential ``tenant``'s request to ``capability`` carries. Raises
+        :class:`NoTenantCredential` for a per-tenant account without one: the shared
+        credential is never a fallback (the request would land in another account)."""
+        if capability.provider_account == "shared":
+            return credential_headers(self.shared, capability.id)
+        own = self.tenants.get(tenant, {})
+        if capability.id not in own:
+            raise NoTenantCredential(capability.id)
+        return credential_headers(own, capability.id)

@@ -14,8 +14,9 @@ import httpx
 
 from dispatcher.capabilities import load_registry
 from dispatcher.settings import Settings
+from dispatcher.tenancy import provider_key
 from dispatcher.testing.embedded import free_port
-from dispatcher.testing.local import all_services, local_stack
+from dispatcher.testing.local import DEV_TENANT, all_services, local_stack
 from dispatcher.testing.sandbox import SandboxServer
 
 
@@ -124,9 +125,10 @@ class _Story:
 
     async def plant_faults(self) -> None:
         # The provider will lose the answer to the second refund, and will never answer
-        # a lookup about the third one.
-        lost = f"refund:order-002:intent-{self.tag}"
-        silent = f"refund:order-003:intent-{self.tag}"
+        # a lookup about the third one. The demo submits as the dev key's tenant, and
+        # the provider receives each key qualified by it.
+        lost = provider_key(DEV_TENANT, f"refund:order-002:intent-{self.tag}")
+        silent = provider_key(DEV_TENANT, f"refund:order-003:intent-{self.tag}")
         await self.provider.post(
             "/v1/faults",
             json=[

@@ -29,6 +29,9 @@ from dispatcher.testing.sandbox.command import DEFAULT_PORT
 from dispatcher.topics import ensure_topics
 from dispatcher.worker.consumer import run_worker
 
+DEV_TENANT = "dev"
+"""The tenant of the development API key a stack without API keys gets."""
+
 
 @dataclass
 class Stack:
@@ -62,7 +65,9 @@ async def local_stack(settings: Settings) -> AsyncIterator[Stack]:
         dev_key = None
         if not settings.api_keys:
             dev_key = _dev_api_key(settings)
-            updates["api_keys"] = [ApiKey(sha256=hash_api_key(dev_key), tenant="dev", name="dev")]
+            updates["api_keys"] = [
+                ApiKey(sha256=hash_api_key(dev_key), tenant=DEV_TENANT, name="dev")
+            ]
         resolved = settings.model_copy(update=updates)
         await migrate.upgrade_async(resolved.database_url or "")
         yield Stack(resolved, dev_key, started)

@@ -40,7 +40,8 @@ from dispatcher.states import ExecutionStatus as S
 class Claim:
     tool_call_id: str
     capability: Capability
-    idempotency_key: str
+    provider_key: str
+    """The key the provider receives (``tool_calls.provider_key``)."""
     input: dict[str, Any]
     correlation_id: str | None
     version: int
@@ -152,7 +153,7 @@ async def claim_calls(
         Claim(
             row.tool_call_id,
             capabilities[row.capability_id],
-            row.idempotency_key,
+            row.provider_key,
             row.input,
             row.correlation_id,
             row.version,

@@ -31,6 +31,7 @@ from dispatcher.ledger.messages import DispatchCommand
 from dispatcher.metrics import CONSUMER_LAG
 from dispatcher.ops import NotReady, Ops
 from dispatcher.provider.client import ProviderClient
+from dispatcher.provider.contract import Credentials
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import Settings
 from dispatcher.topics import ensure_topics_when_reachable
@@ -48,7 +49,7 @@ def new_worker_id() -> str:
 
 
 def default_provider(settings: Settings, transport: Transport) -> ProviderClient:
-    return ProviderClient(transport, settings.provider_credentials())
+    return ProviderClient(transport, Credentials.configured(settings))
 
 
 async def run_worker(

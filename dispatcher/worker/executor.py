@@ -253,10 +253,11 @@ class Executor:
                 claim.capability,
                 DispatchRequest(
                     claim.tool_call_id,
-                    claim.idempotency_key,
+                    claim.provider_key,
                     claim.input,
                     trace_seed=claim.correlation_id or claim.tool_call_id,
                     traceparent=claim.traceparent,
+                    tenant=claim.tenant,
                 ),
             )
         except Exception as exc:

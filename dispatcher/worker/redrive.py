@@ -33,6 +33,7 @@ from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
 from dispatcher.metrics import REDRIVES
 from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.tenancy import ordering_key
 
 log = logging.getLogger(__name__)
 
@@ -102,22 +103,23 @@ async def _without_command(
 ) -> list[Row[Any]]:
     """Those of ``rows`` with no dispatch command waiting in the outbox or younger than
     ``threshold``."""
-    # The outbox key is the bare call id; the command's payload names the tenant.
-    covered = {
-        (r.tenant, r.key)
-        for r in (
+    # A command's key is its call's (dispatcher.tenancy.ordering_key): it names both the
+    # tenant and the call.
+    keys = {ordering_key(r.tenant, r.tool_call_id): r for r in rows}
+    covered = set(
+        (
             await session.execute(
-                select(outbox.c.payload["tenant"].astext.label("tenant"), outbox.c.key)
+                select(outbox.c.key)
                 .distinct()
                 .where(
-                    outbox.c.key.in_([r.tool_call_id for r in rows]),
+                    outbox.c.key.in_(list(keys)),
                     outbox.c.topic == topics.dispatch,
                     outbox.c.published_at.is_(None) | (outbox.c.created_at >= threshold),
                 )
             )
-        ).all()
-    }
-    return [r for r in rows if (r.tenant, r.tool_call_id) not in covered]
+        ).scalars()
+    )
+    return [r for key, r in keys.items() if key not in covered]
 
 
 async def _write_again(

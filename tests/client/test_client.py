@@ -33,7 +33,7 @@ from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from tests.fixtures.api import ALICE, BOB, OPERATOR, bearer
 from tests.fixtures.capabilities import approval_capability
-from tests.fixtures.sandbox import books
+from tests.fixtures.sandbox import at_provider, books
 from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.postgres
@@ -131,7 +131,8 @@ async def test_wait_returns_the_recorded_outcome_once_settled(
     view = await waiting
     assert view.status == "completed"
     assert view.result == {"echo": {"to": "b@example.com"}}
-    assert (await books(sandbox.url))["effects"] == {"acme:tc-wait": 1}
+    # No key given: the stored one names the tenant, and the provider's names it again.
+    assert (await books(sandbox.url))["effects"] == {at_provider("acme:tc-wait"): 1}
 
 
 async def test_wait_times_out_with_the_last_state(client: DispatcherClient) -> None:

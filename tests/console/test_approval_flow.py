@@ -18,7 +18,7 @@ from tests.console.support import (
     text_of,
 )
 from tests.fixtures.browser import Pages, sign_in
-from tests.fixtures.sandbox import books
+from tests.fixtures.sandbox import at_provider, books
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.postgres, pytest.mark.kafka]
 
@@ -64,7 +64,7 @@ async def test_an_approved_call_executes_once_and_a_stale_tab_is_refused(
     await page.goto(f"/console/calls/{call_id}")
     await shows_after_reloads(page, "call-status", "completed")
     await reload_shows_the_same(page, "call-status", "dispatch-attempts", "idempotency-key")
-    assert (await books(console.sandbox_url))["effects"][key] == 1
+    assert (await books(console.sandbox_url))["effects"][at_provider(key)] == 1
 
     await stale.fill("textarea[name=reason]", "approving again from an old tab")
     async with stale_guard.expect(409):
@@ -79,4 +79,4 @@ async def test_an_approved_call_executes_once_and_a_stale_tab_is_refused(
         REASON,
     )
     assert (await console.call(call_id))["status"] == "completed"
-    assert (await books(console.sandbox_url))["effects"][key] == 1
+    assert (await books(console.sandbox_url))["effects"][at_provider(key)] == 1

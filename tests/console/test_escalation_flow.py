@@ -21,7 +21,7 @@ from tests.console.support import (
     text_of,
 )
 from tests.fixtures.browser import Pages, sign_in
-from tests.fixtures.sandbox import add_fault, books
+from tests.fixtures.sandbox import add_fault, at_provider, books
 from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.postgres, pytest.mark.kafka]
@@ -36,8 +36,8 @@ async def escalated_call(console: Console) -> tuple[dict[str, str], str]:
     await add_fault(
         console.sandbox_url,
         [
-            {"kind": "drop_after_apply", "idempotencyKey": key},
-            {"kind": "timeout", "method": "GET", "idempotencyKey": key},
+            {"kind": "drop_after_apply", "idempotencyKey": at_provider(key)},
+            {"kind": "timeout", "method": "GET", "idempotencyKey": at_provider(key)},
         ],
     )
     view = await console.submit(REFUND, new_run(), idempotency_key=key)
@@ -101,7 +101,7 @@ async def test_an_escalation_is_acknowledged_and_resolved_as_confirmed(
         and NOTE in json.dumps(e["payload"])
     ]
     assert len(resolutions) == 1, [e["eventType"] for e in events]
-    assert (await books(console.sandbox_url))["effects"][view["idempotencyKey"]] == 1
+    assert (await books(console.sandbox_url))["effects"][at_provider(view["idempotencyKey"])] == 1
 
     await stale.select_option("select[name=finding]", "confirmed_failure")
     await stale.fill("textarea[name=reason]", "a second opinion, too late")

@@ -36,7 +36,7 @@ from tests.fixtures.rows import (
     event_payloads,
     event_types,
 )
-from tests.fixtures.sandbox import add_fault, books
+from tests.fixtures.sandbox import add_fault, at_provider, books
 from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.postgres
@@ -301,7 +301,8 @@ async def dispatch_slowly(
     """A call whose provider takes its time, caught while its request is held by the
     provider (so it is ``dispatching``, and stays so for a few seconds)."""
     await add_fault(
-        sandbox_url, {"kind": "latency", "latencyMs": 3000, "idempotencyKey": key, "times": 1}
+        sandbox_url,
+        {"kind": "latency", "latencyMs": 3000, "idempotencyKey": at_provider(key), "times": 1},
     )
     call = await submit_call(sessions, registry, capability, {"n": 1}, key=key, run_id=run_id)
     executor = Executor(
@@ -317,7 +318,7 @@ async def dispatch_slowly(
         if running.done():
             outcome = running.exception() or running.result()
             raise AssertionError(f"{call} ended before the stop: {outcome!r}")
-        return bool((await books(sandbox_url))["received"].get(key) == 1)
+        return bool((await books(sandbox_url))["received"].get(at_provider(key)) == 1)
 
     await eventually(received, what=f"the sandbox to receive {call}'s request")
     assert (await call_row(sessions, call))["status"] == "dispatching"
@@ -454,4 +455,5 @@ async def test_an_in_flight_call_that_succeeds_after_the_stop_is_compensated(
     await until_settled(new_reconciler(sessions, registry, http))
     assert (await call_row(sessions, call))["status"] == "compensated"
     counts = await books(sandbox.url)
-    assert counts["effects"] == {"late": 1} and counts["reversals"] == {"late": 1}
+    assert counts["effects"] == {at_provider("late"): 1}
+    assert counts["reversals"] == {at_provider("late"): 1}

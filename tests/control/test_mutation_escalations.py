@@ -281,6 +281,8 @@ async def test_escalating_clears_the_call_for_a_human_and_keeps_its_evidence(
         "runId": "run-1",
         "capabilityId": "send",
         "idempotencyKey": f"key-{call}",
+        # The key the provider was given: insert_call's calls send theirs as written.
+        "providerKey": f"key-{call}",
         "externalRequestId": "ext-9",
         "input": {"n": 1},
         "dispatchAttempts": 2,

@@ -21,6 +21,7 @@ from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.engine import engine_for
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.settings import Settings, load_settings
+from dispatcher.tenancy import ordering_key
 from dispatcher.testing.databases import unique_name, with_database
 from tests.fixtures.api import (
     ACME_KEY,
@@ -348,7 +349,9 @@ async def test_fifty_concurrent_identical_posts_record_one_call(
     assert stored["tool_calls"][0]["tool_call_id"] == responses[0].json()["toolCallId"]
     assert len(stored["execution_events"]) == 2
     commands = [m for m in stored["outbox"] if m["topic"] == "tool-dispatcher.commands"]
-    assert [m["key"] for m in commands] == [stored["tool_calls"][0]["tool_call_id"]]
+    assert [m["key"] for m in commands] == [
+        ordering_key("acme", stored["tool_calls"][0]["tool_call_id"])
+    ]
 
 
 # --- reads ----------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.engine import engine_for
 from dispatcher.db.tables import approvals, execution_events, outbox, tool_calls
 from dispatcher.settings import Settings
+from dispatcher.tenancy import ordering_key
 from dispatcher.testing.embedded import free_port
 from dispatcher.testing.hostile import KINDS, hostile_body, hostile_path_id, valid_body
 from tests.fixtures.api import ALICE, bearer, control_keys
@@ -156,7 +157,8 @@ async def one_round(
         for k, r in after["outbox"].items()
         if k not in before["outbox"] and r["topic"].endswith(".commands")
     ]
-    if sorted(commands) != sorted(valid):
+    # Alice submits as acme: each command is keyed by acme's call.
+    if sorted(commands) != sorted(ordering_key("acme", call_id) for call_id in valid):
         problems.append(f"dispatch commands {sorted(commands)[:8]} for {sorted(valid)[:8]}")
     return problems
 

@@ -24,6 +24,7 @@ from dispatcher.errors import (
 from dispatcher.intake.service import submit, submit_many
 from dispatcher.schemas import Submission, SubmitRequest
 from dispatcher.settings import DEFAULT_TOPICS
+from dispatcher.tenancy import ordering_key
 
 pytestmark = pytest.mark.postgres
 
@@ -148,7 +149,7 @@ async def test_domain_write_and_submission_commit_together(
 
     [command] = await _commands(engine)
     assert command["topic"] == "tool-dispatcher.commands"
-    assert command["key"] == call_id
+    assert command["key"] == ordering_key("acme", call_id)
     assert command["published_at"] is None
     headers = command["headers"]
     assert set(headers) == {"ce_id", "ce_type", "ce_source", "ce_specversion", "ce_time"}

@@ -30,6 +30,7 @@ from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.tenancy import ordering_key
 from dispatcher.testing.registries import capability, registry_of
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired
@@ -86,7 +87,12 @@ async def by_retry(sessions: Sessions, registry: CapabilityRegistry) -> str:
     call = await insert_call(sessions, "failed", cap_id="refund", last_error="HTTP 400")
     async with sessions() as session, session.begin():
         await retry_call(
-            session, call, RetryRequest(reason="provider fixed"), tenant="acme", actor=BOB
+            session,
+            call,
+            RetryRequest(reason="provider fixed"),
+            tenant="acme",
+            actor=BOB,
+            registry=registry,
         )
     return call
 
@@ -135,7 +141,10 @@ async def newest_command(sessions: Sessions, call: str) -> Any:
         return (
             await session.execute(
                 select(outbox.c.payload, outbox.c.headers)
-                .where(outbox.c.topic == DEFAULT_TOPICS.dispatch, outbox.c.key == call)
+                .where(
+                    outbox.c.topic == DEFAULT_TOPICS.dispatch,
+                    outbox.c.key == ordering_key("acme", call),
+                )
                 .order_by(outbox.c.id.desc())
                 .limit(1)
             )

@@ -31,6 +31,7 @@ from dispatcher.schemas import DecisionRequest, EventView, Finding, RetryRequest
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import EscalationStatus
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.tenancy import ordering_key
 from dispatcher.testing.chaos.checker import unfenced
 from dispatcher.testing.registries import capability
 from dispatcher.testing.sandbox import SandboxServer
@@ -122,7 +123,7 @@ async def scenario(
     async with sessions() as session, session.begin():
         await control.retry_call(
             session, failed, RetryRequest(reason="transient", new_idempotency_key=True),
-            tenant="acme", actor=BOB,
+            tenant="acme", actor=BOB, registry=registry,
         )  # fmt: skip
     assert await executor.execute(failed, "acme") is S.FAILED
     pending = await submit_call(
@@ -147,7 +148,7 @@ async def scenario(
     async with sessions() as session, session.begin():
         await session.execute(
             outbox.update()
-            .where(outbox.c.key == lost)
+            .where(outbox.c.key == ordering_key("acme", lost))
             .values(published_at=long_ago, created_at=long_ago)
         )
         await session.execute(

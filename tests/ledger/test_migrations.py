@@ -4,11 +4,16 @@ import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine, pool
 
 from dispatcher.db import migrate
 from dispatcher.db.tables import metadata
 from dispatcher.settings import to_sqlalchemy_url
+from dispatcher.tenancy import ordering_key
+from dispatcher.testing.databases import unique_name
+from outbox_relay import run_once
+from tests.fixtures.relay import TopicReader, assert_key_order, insert, message, relay_config
 
 pytestmark = pytest.mark.postgres
 
@@ -116,3 +121,66 @@ def test_0007_keys_calls_per_tenant_and_keeps_every_stored_row(empty_database_ur
         conn.execute("DELETE FROM tool_calls WHERE tenant = 'globex'")
     migrate.downgrade(url, "0006")
     assert _head(url) == "0006" and _snapshot(url) == before
+
+
+# Rows as a service of revision 0008 left them: keyed by the bare run or call id, the
+# tenant in the payload; some published, some not, two tenants sharing a key.
+_TENANTS = ("acme", "globex", "a/b")
+
+
+def _legacy_outbox(url: str, topic: str) -> list[tuple[str, str, int]]:
+    """(tenant, bare key, seq) of each row written, in id order."""
+    written = []
+    with psycopg.connect(url) as conn:
+        for seq in range(12):
+            tenant, key = _TENANTS[seq % 3], ("run-1", "tc-1")[seq % 2]
+            published = "now()" if seq < 4 else "NULL"
+            conn.execute(
+                "INSERT INTO outbox (topic, key, payload, headers, published_at)"
+                f' VALUES (%s, %s, %s, \'{{"ce_id": "m{seq}"}}\', {published})',
+                (topic, key, Jsonb({"tenant": tenant, "key": key, "seq": seq})),
+            )
+            written.append((tenant, key, seq))
+        conn.execute(_CALL, ("x", "acme", "k-legacy"))
+    return written
+
+
+async def test_0009_keys_every_outbox_row_by_tenant_and_keeps_each_keys_order(
+    empty_database_url: str, kafka_bootstrap: str
+) -> None:
+    url, topic = empty_database_url, unique_name("migration-0009")
+    migrate.upgrade(url, "0008")
+    written = _legacy_outbox(url, topic)
+
+    migrate.upgrade(url, "0009")
+
+    with psycopg.connect(url) as conn:
+        keys = conn.execute("SELECT key, payload FROM outbox ORDER BY id").fetchall()
+        stored = conn.execute("SELECT idempotency_key, provider_key FROM tool_calls").fetchall()
+    assert [k for k, _ in keys] == [ordering_key(t, k) for t, k, _ in written]
+    # A call recorded before the upgrade keeps the key the provider already knows.
+    assert stored == [("k-legacy", "k-legacy")]
+    # Rows written after the upgrade, under the new keys, queue behind the old ones.
+    later = [(t, k, 100 + i) for i, (t, k) in enumerate([("acme", "run-1"), ("a/b", "tc-1")])]
+    await insert(
+        url,
+        [
+            {**message(topic, ordering_key(t, k), seq), "payload": {"tenant": t, "seq": seq}}
+            for t, k, seq in later
+        ],
+    )
+    for _ in range(5):
+        await run_once(relay_config(url, kafka_bootstrap))
+    async with TopicReader(kafka_bootstrap, topic) as reader:
+        got = await reader.distinct(8 + len(later), within=20)
+    # Nothing unpublished was lost; within each new key, rows arrive in id order.
+    unpublished = [(t, k, s) for t, k, s in written if s >= 4] + later
+    assert sorted((m.key, m.seq) for m in got) == sorted(
+        (ordering_key(t, k), s) for t, k, s in unpublished
+    )
+    assert_key_order(got)
+
+    migrate.downgrade(url, "0008")
+    with psycopg.connect(url) as conn:
+        back = conn.execute("SELECT key FROM outbox WHERE id <= 12 ORDER BY id").fetchall()
+    assert [k for (k,) in back] == [k for _, k, _ in written]

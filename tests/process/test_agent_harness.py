@@ -21,6 +21,7 @@ from tests.fixtures.harness import (
     read_checkpoint,
     transcript_problems,
 )
+from tests.fixtures.sandbox import at_provider
 from tests.fixtures.stack import API_KEY
 from tests.fixtures.waiting import eventually
 
@@ -51,9 +52,11 @@ def harness(
 
 
 def provider_key(tool_call_id: str) -> str:
-    """The key the provider sees for a call the harness submits without one: its
-    toolCallId, qualified by the stack key's tenant (toolCallIds are per tenant)."""
-    return f"acme:{tool_call_id}"
+    """The key the provider sees for a call the harness submits without one. The call's
+    default key is its toolCallId qualified by the stack key's tenant (toolCallIds are
+    per tenant), and the provider receives that key qualified by the tenant again, as
+    every key on a shared provider account is (``acme:acme:<toolCallId>``)."""
+    return at_provider(f"acme:{tool_call_id}")
 
 
 def call_ids(run_id: str) -> list[str]:

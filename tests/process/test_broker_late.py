@@ -15,7 +15,7 @@ from dispatcher.testing.embedded import Tansu, free_port
 from dispatcher.testing.sandbox import SandboxServer
 from tests.fixtures.calls import submit_call
 from tests.fixtures.rows import call_row
-from tests.fixtures.sandbox import books
+from tests.fixtures.sandbox import at_provider, books
 from tests.fixtures.stack import MakeStack
 from tests.fixtures.waiting import eventually
 
@@ -66,7 +66,7 @@ async def test_worker_and_relay_wait_for_a_broker_that_is_not_up_yet(
         assert worker.poll() is None, stack.log_of(worker)
         # Nothing was dead-lettered for a missing topic: the relay created the topics.
         assert "dead-lettered" not in stack.log_of(relay)
-        assert (await books(sandbox.url))["effects"] == {"late-1": 1}
+        assert (await books(sandbox.url))["effects"] == {at_provider("late-1"): 1}
     finally:
         stack.close()
         broker.stop()

@@ -54,6 +54,25 @@ def test_unreadable_capabilities_file(tmp_path: Path) -> None:
     assert "missing.toml" in line
 
 
+def test_a_registry_whose_keys_would_meet_in_a_shared_account_refuses_to_load(
+    tmp_path: Path,
+) -> None:
+    registry = tmp_path / "capabilities.toml"
+    registry.write_text(
+        '[[capability]]\nid = "refund"\nsideEffects = true\nproviderKeys = "as_written"\n'
+        'request = { url = "http://127.0.0.1:9/v1/requests" }\n'
+    )
+    line = assert_one_line_error(
+        run_cli(
+            "serve",
+            TOOL_DISPATCHER_DATABASE_URL="postgresql://nobody@127.0.0.1:1/none",
+            TOOL_DISPATCHER_CAPABILITIES_FILE=str(registry),
+        )
+    )
+    assert "capabilities.toml" in line
+    assert 'providerKeys = "as_written" needs providerAccount = "per_tenant"' in line
+
+
 @pytest.mark.parametrize("command", ["serve", "worker", "recover --once", "reconcile"])
 def test_a_service_without_a_capabilities_file_refuses_to_start(command: str) -> None:
     # No silent fallback to the sandbox registry (it points at 127.0.0.1:8790).

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.testing.embedded import free_port, wait_for_port
 from dispatcher.testing.sandbox import SandboxServer
 from tests.fixtures.rows import call_row
-from tests.fixtures.sandbox import add_fault
+from tests.fixtures.sandbox import add_fault, at_provider
 from tests.fixtures.stack import API_KEY, MakeStack, ProcessStack
 from tests.fixtures.waiting import eventually
 
@@ -59,7 +59,9 @@ async def test_every_process_writes_json_lines_without_secrets(
     )
     processes = {name: stack.start(name) for name in ("serve", "relay", "worker", "reconcile")}
     wait_for_port("127.0.0.1", port, timeout=60)
-    await add_fault(sandbox.url, {"kind": "drop_after_apply", "idempotencyKey": "json:lost"})
+    await add_fault(
+        sandbox.url, {"kind": "drop_after_apply", "idempotencyKey": at_provider("json:lost")}
+    )
 
     ids = {}
     async with httpx.AsyncClient(

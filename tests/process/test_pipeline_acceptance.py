@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.db.tables import tool_calls
 from dispatcher.testing.embedded import free_port, wait_for_port
-from tests.fixtures.sandbox import add_fault, books
+from tests.fixtures.sandbox import add_fault, at_provider, books
 from tests.fixtures.stack import API_KEY, MakeStack, ProcessStack, exited
 from tests.fixtures.waiting import eventually
 
@@ -59,6 +59,11 @@ def key(i: int) -> str:
     return f"refund:order-{i}"
 
 
+def sent(i: int) -> str:
+    """The key the sandbox receives for call ``i`` (submitted as acme)."""
+    return at_provider(key(i))
+
+
 async def statuses(sessions: async_sessionmaker[AsyncSession]) -> Counter[str]:
     async with sessions() as session:
         rows = await session.execute(
@@ -74,13 +79,13 @@ async def test_thousand_calls_with_lost_responses_503s_and_worker_kills(
 ) -> None:
     sandbox_url = f"http://127.0.0.1:{sandbox_port}"
     rules: list[dict[str, Any]] = [
-        {"kind": "drop_after_apply", "idempotencyKey": key(i)} for i in DROPPED
+        {"kind": "drop_after_apply", "idempotencyKey": sent(i)} for i in DROPPED
     ]
     rules += [
-        {"kind": "unavailable", "retryAfter": 0, "times": 1, "idempotencyKey": key(i)}
+        {"kind": "unavailable", "retryAfter": 0, "times": 1, "idempotencyKey": sent(i)}
         for i in THROTTLED
     ]
-    rules += [{"kind": "error", "status": 503, "idempotencyKey": key(i)} for i in FAILED_5XX]
+    rules += [{"kind": "error", "status": 503, "idempotencyKey": sent(i)} for i in FAILED_5XX]
     await add_fault(sandbox_url, rules)
 
     api = stack.start("serve")
@@ -145,15 +150,15 @@ async def test_thousand_calls_with_lost_responses_503s_and_worker_kills(
     for i in DROPPED:
         assert status[key(i)] == "result_unknown"
         # The lost answer's effect is real, unless the worker died before sending.
-        assert effects.get(key(i), 0) == min(received.get(key(i), 0), 1)
+        assert effects.get(sent(i), 0) == min(received.get(sent(i), 0), 1)
     for i in THROTTLED:
         if key(i) not in orphaned:
             assert status[key(i)] == "completed"
-            assert received[key(i)] == 2  # refused once, then sent again
+            assert received[sent(i)] == 2  # refused once, then sent again
     for i in FAILED_5XX:
         assert status[key(i)] == "result_unknown"
-        assert received.get(key(i), 0) <= 1  # never retried blindly
-        assert key(i) not in effects
+        assert received.get(sent(i), 0) <= 1  # never retried blindly
+        assert sent(i) not in effects
     completed = [k for k, st in status.items() if st == "completed"]
-    assert all(effects.get(k) == 1 for k in completed)
+    assert all(effects.get(at_provider(k)) == 1 for k in completed)
     assert final["completed"] >= CALLS - len(DROPPED) - len(FAILED_5XX) - len(orphaned)

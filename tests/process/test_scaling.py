@@ -26,7 +26,7 @@ from dispatcher.testing.embedded import free_port, wait_for_port
 from dispatcher.testing.registries import capability, registry_of
 from tests.fixtures.capabilities import registry_file
 from tests.fixtures.relay import TopicReader
-from tests.fixtures.sandbox import add_fault, books
+from tests.fixtures.sandbox import add_fault, at_provider, books
 from tests.fixtures.stack import API_KEY, MakeStack, ProcessStack, exited
 from tests.fixtures.waiting import eventually
 
@@ -153,7 +153,12 @@ async def test_three_apis_three_relays_four_workers_two_reconcilers(
     sandbox_url = f"http://127.0.0.1:{sandbox_port}"
     # The send only (a lookup by key carries the key too), and once.
     rules: list[dict[str, Any]] = [
-        {"kind": "drop_after_apply", "idempotencyKey": key(i), "method": "POST", "times": 1}
+        {
+            "kind": "drop_after_apply",
+            "idempotencyKey": at_provider(key(i)),
+            "method": "POST",
+            "times": 1,
+        }
         for i in DROPPED
     ]
     await add_fault(sandbox_url, rules)
@@ -187,7 +192,7 @@ async def test_three_apis_three_relays_four_workers_two_reconcilers(
     final = await _statuses(sessions)
     assert final == {"completed": CALLS - len(DROPPED), "confirmed": len(DROPPED)}, final
     counts = await books(sandbox_url)
-    assert counts["effects"] == {key(i): 1 for i in range(CALLS)}
+    assert counts["effects"] == {at_provider(key(i)): 1 for i in range(CALLS)}
     async with sessions() as session:
         settled = await session.execute(
             select(execution_events.c.tool_call_id, func.count())

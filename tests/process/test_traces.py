@@ -32,7 +32,7 @@ from dispatcher.testing.registries import capability, registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from tests.fixtures.capabilities import registry_file
 from tests.fixtures.otlp import OtlpReceiver, ReceivedSpan
-from tests.fixtures.sandbox import add_fault, books
+from tests.fixtures.sandbox import add_fault, at_provider, books
 from tests.fixtures.stack import API_KEY, MakeStack, ProcessStack
 from tests.fixtures.waiting import eventually
 
@@ -120,7 +120,12 @@ async def test_one_trace_from_the_producer_to_the_reconciler(
     key = "refund:traced-1"
     await add_fault(
         sandbox.url,
-        {"kind": "drop_after_apply", "idempotencyKey": key, "method": "POST", "times": 1},
+        {
+            "kind": "drop_after_apply",
+            "idempotencyKey": at_provider(key),
+            "method": "POST",
+            "times": 1,
+        },
     )
     processes = await _start(stack, "relay", "worker", "reconcile")
     call = await _submit(stack, key, {"traceparent": PRODUCER_TRACEPARENT})
@@ -173,7 +178,7 @@ async def test_one_trace_from_the_producer_to_the_reconciler(
     assert asked.parent_id == lookup.span_id
 
     # The provider saw the client spans' own traceparents: the send's, then the lookup's.
-    sent = (await books(sandbox.url))["traceparents"][key]
+    sent = (await books(sandbox.url))["traceparents"][at_provider(key)]
     assert sent == [f"00-{PRODUCER_TRACE}-{s.span_id}-01" for s in (client, asked)]
 
     # The JSON log lines of the call's transitions are in the same trace: the worker's
@@ -205,7 +210,7 @@ async def test_traces_off_exports_nothing_and_keeps_one_traceparent_per_call(
     await add_fault(
         sandbox.url,
         [
-            {"kind": "unavailable", "retryAfter": 0, "times": 1, "idempotencyKey": k}
+            {"kind": "unavailable", "retryAfter": 0, "times": 1, "idempotencyKey": at_provider(k)}
             for k in (plain, traced)
         ],
     )
@@ -219,7 +224,7 @@ async def test_traces_off_exports_nothing_and_keeps_one_traceparent_per_call(
 
     sent = (await books(sandbox.url))["traceparents"]
     # Derived from the call when the producer sent none; the producer's, passed on.
-    assert sent[plain] == [traceparent(calls[0])] * 2
-    assert sent[traced] == [PRODUCER_TRACEPARENT] * 2
+    assert sent[at_provider(plain)] == [traceparent(calls[0])] * 2
+    assert sent[at_provider(traced)] == [PRODUCER_TRACEPARENT] * 2
     await asyncio.sleep(0.5)  # past the export delay the stack is given
     assert otlp.requests == 0 and otlp.spans == []

@@ -13,7 +13,7 @@ from dispatcher.capabilities import load_registry
 from dispatcher.testing.sandbox import SandboxServer
 from tests.fixtures.calls import submit_call
 from tests.fixtures.rows import call_row, event_types
-from tests.fixtures.sandbox import books
+from tests.fixtures.sandbox import at_provider, books
 from tests.fixtures.stack import MakeStack, exited
 from tests.fixtures.waiting import eventually
 
@@ -63,7 +63,7 @@ async def test_kill_at_crash_point_then_recover(
     assert await exited(doomed) == -signal.SIGKILL
     assert (await call_row(sessions, call))["status"] == at_crash
     if point != "after-claim":
-        assert (await books(sandbox.url))["received"] == {f"key-{cap}": 1}
+        assert (await books(sandbox.url))["received"] == {at_provider(f"key-{cap}"): 1}
 
     stack.start("worker", name="survivor")
 
@@ -72,10 +72,10 @@ async def test_kill_at_crash_point_then_recover(
 
     await eventually(settled, what=f"{call} to become {final}")
     counts = await books(sandbox.url)
-    assert counts["received"].get(f"key-{cap}", 0) == received
-    assert counts["effects"].get(f"key-{cap}", 0) <= 1
+    assert counts["received"].get(at_provider(f"key-{cap}"), 0) == received
+    assert counts["effects"].get(at_provider(f"key-{cap}"), 0) <= 1
     if cap == "refund" and point != "after-claim":
-        assert counts["effects"] == {f"key-{cap}": 1}  # the lost answer had its effect
+        assert counts["effects"] == {at_provider(f"key-{cap}"): 1}  # the lost answer had its effect
     events = await event_types(sessions, call)
     if final == "result_unknown":
         assert events[-1] == "tool.call.result_unknown"

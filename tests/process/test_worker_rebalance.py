@@ -21,7 +21,7 @@ from dispatcher.capabilities import load_registry
 from dispatcher.testing.sandbox import SandboxServer
 from tests.fixtures.calls import submit_call
 from tests.fixtures.rows import call_row
-from tests.fixtures.sandbox import add_fault, books
+from tests.fixtures.sandbox import add_fault, at_provider, books
 from tests.fixtures.stack import MakeStack
 from tests.fixtures.waiting import eventually
 
@@ -46,7 +46,9 @@ async def test_worker_survives_a_rebalance_between_its_batch_and_its_commit(
     registry = load_registry(Path(stack.env["TOOL_DISPATCHER_CAPABILITIES_FILE"]))
     # The provider takes its time, so the worker is caught with its batch in flight; the
     # answer only has to come after the pause below begins, and a paused worker waits.
-    await add_fault(sandbox.url, {"kind": "latency", "latencyMs": 2000, "idempotencyKey": "rb-1"})
+    await add_fault(
+        sandbox.url, {"kind": "latency", "latencyMs": 2000, "idempotencyKey": at_provider("rb-1")}
+    )
     stack.start("relay")
     worker = stack.start("worker")
     first = await submit_call(
@@ -54,7 +56,7 @@ async def test_worker_survives_a_rebalance_between_its_batch_and_its_commit(
     )
 
     async def in_flight() -> bool:
-        return (await books(sandbox.url))["received"].get("rb-1", 0) == 1
+        return (await books(sandbox.url))["received"].get(at_provider("rb-1"), 0) == 1
 
     await eventually(in_flight, what="the first request to reach the provider")
     # Paused, the worker can neither heartbeat nor rejoin: the group rebalances to a
@@ -102,4 +104,4 @@ async def test_worker_survives_a_rebalance_between_its_batch_and_its_commit(
     log = stack.log_of(worker)
     assert worker.poll() is None, log
     # The redelivered first command was dropped by its state, not executed again.
-    assert (await books(sandbox.url))["effects"] == {"rb-1": 1, "rb-2": 1}
+    assert (await books(sandbox.url))["effects"] == {at_provider("rb-1"): 1, at_provider("rb-2"): 1}

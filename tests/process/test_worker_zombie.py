@@ -15,7 +15,7 @@ from dispatcher.capabilities import load_registry
 from dispatcher.testing.sandbox import SandboxServer
 from tests.fixtures.calls import submit_call
 from tests.fixtures.rows import call_row, event_types
-from tests.fixtures.sandbox import add_fault, books
+from tests.fixtures.sandbox import add_fault, at_provider, books
 from tests.fixtures.stack import MakeStack
 from tests.fixtures.waiting import eventually
 
@@ -35,7 +35,9 @@ async def test_stalled_worker_wakes_up_fenced_out(
     )
     registry = load_registry(Path(stack.env["TOOL_DISPATCHER_CAPABILITIES_FILE"]))
     # The provider takes its time, so the worker is caught with the request in flight.
-    await add_fault(sandbox.url, {"kind": "latency", "latencyMs": 800, "idempotencyKey": "z-1"})
+    await add_fault(
+        sandbox.url, {"kind": "latency", "latencyMs": 800, "idempotencyKey": at_provider("z-1")}
+    )
     stack.start("relay")
     zombie = stack.start("worker", name="zombie")
     call = await submit_call(
@@ -43,7 +45,7 @@ async def test_stalled_worker_wakes_up_fenced_out(
     )
 
     async def in_flight() -> bool:
-        return (await books(sandbox.url))["received"].get("z-1", 0) == 1
+        return (await books(sandbox.url))["received"].get(at_provider("z-1"), 0) == 1
 
     await eventually(in_flight, what="the request to reach the provider")
     os.killpg(zombie.pid, signal.SIGSTOP)
@@ -67,5 +69,5 @@ async def test_stalled_worker_wakes_up_fenced_out(
     assert row["status"] == "result_unknown"
     assert row["external_request_id"] is None  # nothing of what the zombie saw
     assert await event_types(sessions, call) == taken_over
-    assert (await books(sandbox.url))["effects"] == {"z-1": 1}
+    assert (await books(sandbox.url))["effects"] == {at_provider("z-1"): 1}
     assert zombie.poll() is None  # it carries on serving other calls

@@ -19,7 +19,7 @@ from tests.fixtures.calls import age_calls, insert_call, make_due, shift_clock, 
 from tests.fixtures.capabilities import reconcile_capability
 from tests.fixtures.reconciling import new_reconciler
 from tests.fixtures.rows import call_row, escalation_rows, event_types
-from tests.fixtures.sandbox import add_fault, books
+from tests.fixtures.sandbox import add_fault, at_provider, books
 
 pytestmark = pytest.mark.postgres
 
@@ -46,7 +46,12 @@ async def test_the_window_counts_from_the_first_send_not_the_last_resend(
     # The first send and the next two re-sends never reach the provider.
     await add_fault(
         sandbox.url,
-        {"kind": "drop_before_apply", "method": "POST", "idempotencyKey": "k-w", "times": 2},
+        {
+            "kind": "drop_before_apply",
+            "method": "POST",
+            "idempotencyKey": at_provider("k-w"),
+            "times": 2,
+        },
     )
     call = await unknown_call(
         sessions, registry, http, sandbox.url, "refund", "k-w", {"kind": "drop_before_apply"}

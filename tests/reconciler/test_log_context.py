@@ -16,6 +16,7 @@ from tests.fixtures.calls import unknown_call
 from tests.fixtures.capabilities import reconcile_capability
 from tests.fixtures.log_lines import LoggingLookup, LoggingProvider, ids_of, json_lines
 from tests.fixtures.reconciling import new_reconciler
+from tests.fixtures.sandbox import at_provider
 
 pytestmark = pytest.mark.postgres
 
@@ -49,7 +50,7 @@ async def test_the_reconciler_s_lookups_and_re_sends_carry_their_call(
 
     by_message = {line["message"]: ids_of(line) for line in lines}
     assert by_message == {
-        "looking up ctx:resend": (resent, "run-1", "refund"),
-        "looking up ctx:found": (found, "run-1", "lookup"),
+        f"looking up {at_provider('ctx:resend')}": (resent, "run-1", "refund"),
+        f"looking up {at_provider('ctx:found')}": (found, "run-1", "lookup"),
         f"sending {resent}": (resent, "run-1", "refund"),
     }

@@ -24,7 +24,7 @@ from tests.fixtures.calls import insert_unknown_calls, unknown_call
 from tests.fixtures.capabilities import reconcile_capability
 from tests.fixtures.reconciling import new_reconciler, until_settled
 from tests.fixtures.rows import call_row, escalation_rows, events_of
-from tests.fixtures.sandbox import add_fault, books, create_at_sandbox
+from tests.fixtures.sandbox import add_fault, at_provider, books, create_at_sandbox
 
 pytestmark = pytest.mark.postgres
 REVERSAL = {"pathPrefix": "/v1/requests/", "method": "POST"}
@@ -156,7 +156,7 @@ async def test_a_done_reversal_records_the_effect_the_reversal_and_its_evidence(
     assert tally.counts == {"compensated": 1}
     row = await call_row(sessions, call)
     assert row["result"]["effect"] == {"echo": {"n": 1}}
-    assert row["result"]["reversal"]["reversalKey"] == "compensate:k-done"
+    assert row["result"]["reversal"]["reversalKey"] == f"compensate:{at_provider('k-done')}"
     assert row["external_request_id"].startswith("req_")  # found by key
     (done,) = [
         e["payload"]

@@ -17,6 +17,7 @@ from dispatcher.db.tables import tool_calls
 from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS, Topics
+from dispatcher.tenancy import ordering_key
 from dispatcher.testing.registries import registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
@@ -26,7 +27,7 @@ from tests.fixtures.calls import age_calls, expire_leases, make_due, submit_call
 from tests.fixtures.capabilities import reconcile_capability
 from tests.fixtures.reconciling import new_reconciler, until_settled
 from tests.fixtures.rows import call_row, escalation_messages, escalation_rows, events_of
-from tests.fixtures.sandbox import add_fault, books
+from tests.fixtures.sandbox import add_fault, at_provider, books
 
 pytestmark = pytest.mark.postgres
 
@@ -74,7 +75,7 @@ async def test_dropped_response_is_confirmed_from_the_provider(
     ]
     assert len(confirmed) == 1
     assert confirmed[0]["payload"]["lookup"]["via"] == "idempotencyKey"
-    assert (await books(sandbox.url))["effects"] == {"k-drop": 1}
+    assert (await books(sandbox.url))["effects"] == {at_provider("k-drop"): 1}
 
 
 async def test_a_request_that_never_arrived_is_sent_again_with_the_same_key(
@@ -103,9 +104,9 @@ async def test_a_request_that_never_arrived_is_sent_again_with_the_same_key(
         "tool.call.confirmed",
     ]
     counts = await books(sandbox.url)
-    assert counts["effects"] == {"k-lost": 1}
+    assert counts["effects"] == {at_provider("k-lost"): 1}
     # The lost POST, one lookup by key (404), the re-sent POST.
-    assert counts["received"] == {"k-lost": 3}
+    assert counts["received"] == {at_provider("k-lost"): 3}
 
 
 async def test_a_call_marked_unknown_before_it_was_sent_is_sent_once(
@@ -126,7 +127,7 @@ async def test_a_call_marked_unknown_before_it_was_sent_is_sent_once(
     await until_settled(new_reconciler(sessions, registry, http))
 
     assert (await call_row(sessions, call))["status"] == "confirmed"
-    assert (await books(sandbox.url))["effects"] == {"k-died": 1}
+    assert (await books(sandbox.url))["effects"] == {at_provider("k-died"): 1}
 
 
 async def test_no_record_under_confirm_failure_policy_is_a_confirmed_failure(
@@ -153,7 +154,7 @@ async def test_no_record_under_confirm_failure_policy_is_a_confirmed_failure(
     assert (await reconciler.run_pass()).counts == {"confirmed_failure": 1}
     row = await call_row(sessions, call)
     assert (row["status"], row["verification_status"]) == ("confirmed", "confirmed_failure")
-    assert (await books(sandbox.url))["received"] == {"k-none": 3}  # POST + 2 lookups
+    assert (await books(sandbox.url))["received"] == {at_provider("k-none"): 3}  # POST + 2 lookups
 
 
 async def test_a_request_landing_after_a_first_no_record_is_not_taken_for_a_failure(
@@ -173,14 +174,16 @@ async def test_a_request_landing_after_a_first_no_record_is_not_taken_for_a_fail
     assert (await call_row(sessions, call))["status"] == "result_unknown"
     async with httpx.AsyncClient() as client:
         landed = await client.post(
-            f"{sandbox.url}/v1/requests", json={"n": 1}, headers={"Idempotency-Key": "k-late"}
+            f"{sandbox.url}/v1/requests",
+            json={"n": 1},
+            headers={"Idempotency-Key": at_provider("k-late")},
         )
     assert landed.status_code < 300
     await make_due(sessions)
     await until_settled(reconciler)
     row = await call_row(sessions, call)
     assert (row["status"], row["verification_status"]) == ("confirmed", "confirmed_success")
-    assert (await books(sandbox.url))["effects"] == {"k-late": 1}
+    assert (await books(sandbox.url))["effects"] == {at_provider("k-late"): 1}
 
 
 async def test_provider_failure_is_a_confirmed_failure(
@@ -237,7 +240,7 @@ async def test_accepted_pending_call_is_confirmed_once_the_provider_finishes(
     assert [a["lookup"]["observation"] for a in attempts] == ["pending", "pending"]
     # Backoff grows per the capability's policy: 0.01 s, then 0.02 s.
     assert [a["nextInSeconds"] for a in attempts] == [0.01, 0.02]
-    assert (await books(sandbox.url))["effects"] == {"k-pend": 1}
+    assert (await books(sandbox.url))["effects"] == {at_provider("k-pend"): 1}
 
 
 async def test_compensation_requested_while_unknown_undoes_the_effect_once(
@@ -267,10 +270,10 @@ async def test_compensation_requested_while_unknown_undoes_the_effect_once(
     assert tally.counts == {"retry_later": 1, "compensated": 1}
     row = await call_row(sessions, call)
     assert row["status"] == "compensated"
-    assert row["result"]["reversal"]["reversalKey"] == "compensate:k-stop"
+    assert row["result"]["reversal"]["reversalKey"] == f"compensate:{at_provider('k-stop')}"
     counts = await books(sandbox.url)
-    assert counts["effects"] == {"k-stop": 1}
-    assert counts["reversals"] == {"k-stop": 1}
+    assert counts["effects"] == {at_provider("k-stop"): 1}
+    assert counts["reversals"] == {at_provider("k-stop"): 1}
     types = [e["event_type"] for e in await events_of(sessions, call)]
     assert "tool.call.compensation_requested" in types
     assert types[-1] == "tool.call.compensated"
@@ -294,7 +297,9 @@ async def test_lookups_timing_out_escalate_exactly_once_under_five_overlapping_p
         )
         for i in range(4)
     ]
-    await add_fault(sandbox.url, {"kind": "timeout", "method": "GET", "keyPrefix": "k-slow-"})
+    await add_fault(
+        sandbox.url, {"kind": "timeout", "method": "GET", "keyPrefix": at_provider("k-slow-")}
+    )
     reconcilers = [new_reconciler(sessions, registry, http, batch_size=2) for _ in range(5)]
 
     for _ in range(4):  # maxAttempts = 3: the third failed lookup escalates
@@ -314,7 +319,7 @@ async def test_lookups_timing_out_escalate_exactly_once_under_five_overlapping_p
     assert sorted(r["tool_call_id"] for r in records) == sorted(calls)
     assert {r["episode"] for r in records} == {1}
     messages = await escalation_messages(sessions)
-    assert sorted(m["key"] for m in messages) == sorted(calls)
+    assert sorted(m["key"] for m in messages) == sorted(ordering_key("acme", c) for c in calls)
     assert {m["headers"]["ce_id"] for m in messages} == {r["escalation_id"] for r in records}
 
     evidence = records[0]["evidence"]
@@ -414,7 +419,12 @@ async def test_a_reconciler_whose_claim_was_taken_over_records_nothing(
     fast = new_reconciler(sessions, registry, http)
     # The slow one's lookup is held at the sandbox (well within its lookup timeout)
     # while its lease ends and the fast one claims and settles the call.
-    held = {"kind": "latency", "latencyMs": 5000, "method": "GET", "idempotencyKey": "k-stall"}
+    held = {
+        "kind": "latency",
+        "latencyMs": 5000,
+        "method": "GET",
+        "idempotencyKey": at_provider("k-stall"),
+    }
     await add_fault(sandbox.url, {**held, "times": 1})
     slow_pass = asyncio.create_task(slow.run_pass())
     await held_lookup_arrived(http, sandbox.url, slow_pass)  # so slow has claimed the call

@@ -24,12 +24,13 @@ from tests.fixtures.calls import make_due, submit_call
 from tests.fixtures.capabilities import reconcile_capability
 from tests.fixtures.reconciling import new_reconciler, until_settled
 from tests.fixtures.rows import assert_secret_nowhere, call_row, escalation_rows
-from tests.fixtures.sandbox import add_fault
+from tests.fixtures.sandbox import add_fault, at_provider
 
 pytestmark = pytest.mark.postgres
 
 SECRET = "sk_live_do-not-leak-reconciler-77e0"
 KEY = "refund:r-1"
+SENT = at_provider(KEY)  # the key the sandbox receives for acme's call
 SECRETS = {"refund": SECRET}
 
 
@@ -43,7 +44,7 @@ def registry(sandbox: SandboxServer) -> CapabilityRegistry:
 
 
 def lookups(fault: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{**fault, "method": "GET", "idempotencyKey": KEY}]
+    return [{**fault, "method": "GET", "idempotencyKey": SENT}]
 
 
 # The faults after the lost first answer, whether compensation is requested, the
@@ -63,15 +64,15 @@ PATHS: dict[str, tuple[list[dict[str, Any]], bool, str, str | None]] = {
     ),
     "compensation fails": (
         [
-            {"kind": "error", "status": 500, "idempotencyKey": f"compensate:{KEY}", "times": 1},
-            {"kind": "error", "status": 422, "idempotencyKey": f"compensate:{KEY}"},
+            {"kind": "error", "status": 500, "idempotencyKey": f"compensate:{SENT}", "times": 1},
+            {"kind": "error", "status": 422, "idempotencyKey": f"compensate:{SENT}"},
         ],
         True,
         "escalated",
         "compensation: HTTP 422 rejected",
     ),
     "re-send's answer lost": (
-        [{"kind": "drop_before_apply", "method": "POST", "idempotencyKey": KEY, "times": 1}],
+        [{"kind": "drop_before_apply", "method": "POST", "idempotencyKey": SENT, "times": 1}],
         False,
         "confirmed",
         None,
@@ -93,7 +94,7 @@ async def test_no_reconciler_failure_path_stores_or_logs_the_secret(
     # The first answer is lost: applied (a compensation has something to undo) unless
     # the re-send is the point.
     lost = "drop_after_apply" if error else "drop_before_apply"
-    first = {"kind": lost, "method": "POST", "idempotencyKey": KEY, "times": 1}
+    first = {"kind": lost, "method": "POST", "idempotencyKey": SENT, "times": 1}
     await add_fault(sandbox.url, first)
     call = await submit_call(sessions, registry, "refund", {"n": 1}, key=KEY)
     worker = Executor(

@@ -19,6 +19,7 @@ from dispatcher.ledger.messages import (
     escalation_message,
 )
 from dispatcher.settings import Topics
+from dispatcher.tenancy import ordering_key
 from outbox_relay.kafka import kafka_headers
 
 TOPICS = Topics(dispatch="commands", events="events", escalations="escalations")
@@ -60,7 +61,7 @@ def test_a_command_parses_back_from_what_the_relay_publishes(producer: Producer)
     command = DispatchCommand.build(CALL, producer=producer, causation_id="evt_1")
     row = command.to_outbox_row(TOPICS)
 
-    assert (row["topic"], row["key"]) == ("commands", "tc-1")
+    assert (row["topic"], row["key"]) == ("commands", ordering_key("acme", "tc-1"))
     assert row["headers"]["ce_type"] == "tool.call.dispatch"
     assert row["headers"]["ce_source"] == ce_source(producer)
     assert row["payload"] == {
@@ -116,7 +117,7 @@ def test_what_is_not_a_whole_command_is_refused(value: bytes | None) -> None:
 
 
 def test_escalation_messages_are_keyed_by_call_with_one_id_per_episode_and_kind() -> None:
-    escalation = {"escalationId": "esc_1", "toolCallId": "tc-1", "status": "open"}
+    escalation = {"escalationId": "esc_1", "tenant": "acme", "toolCallId": "tc-1", "status": "open"}
 
     opened = escalation_message(
         EscalationMessage.OPENED, escalation, producer=Producer.RECONCILER, topics=TOPICS
@@ -127,7 +128,7 @@ def test_escalation_messages_are_keyed_by_call_with_one_id_per_episode_and_kind(
 
     assert (opened["topic"], opened["key"], opened["payload"]) == (
         "escalations",
-        "tc-1",
+        ordering_key("acme", "tc-1"),
         escalation,
     )
     assert opened["headers"]["ce_id"] == "esc_1"

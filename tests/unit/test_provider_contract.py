@@ -89,4 +89,4 @@ def test_a_credential_travels_as_a_bearer_token_of_its_own_capability() -> None:
     assert credential_headers(secrets, "c") == {"Authorization": "Bearer s3cret"}
     assert credential_headers(secrets, "other") == {}
     lookup = ProviderLookup(Transport(), secrets)
-    assert lookup._headers(CAPABILITY) == {"Authorization": "Bearer s3cret"}
+    assert lookup._headers(CAPABILITY, "acme") == {"Authorization": "Bearer s3cret"}

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -243,3 +244,28 @@ async def test_the_kafka_clients_take_their_metadata_age_from_the_settings() -> 
     finally:
         await producer.stop()
         await consumer.stop()
+
+
+def test_provider_credentials_are_shared_or_each_tenants_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Files: one per capability at the top (shared), one directory per tenant (its own).
+    (tmp_path / "refund").write_text("shared-file\n")
+    (tmp_path / "acme").mkdir()
+    (tmp_path / "acme" / "refund").write_text("acme-file\n")
+    (tmp_path / "acme" / "send").write_text("acme-send\n")
+    (tmp_path / "..data").mkdir()  # what a Kubernetes secret volume holds besides its keys
+    monkeypatch.setenv("TOOL_DISPATCHER_PROVIDER_SECRETS_DIR", str(tmp_path))
+    monkeypatch.setenv(
+        "TOOL_DISPATCHER_TENANT_PROVIDER_SECRETS",
+        json.dumps({"acme": {"refund": "acme-env"}, "globex": {"refund": "globex-env"}}),
+    )
+
+    settings = load_settings()
+
+    assert settings.provider_credentials() == {"refund": "shared-file"}
+    assert settings.tenant_provider_credentials() == {
+        "acme": {"refund": "acme-env", "send": "acme-send"},
+        "globex": {"refund": "globex-env"},
+    }
+    assert "acme-env" not in repr(settings)

@@ -20,7 +20,7 @@ from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from tests.fixtures.calls import submit_call
 from tests.fixtures.rows import call_row, event_payloads, event_types, outbox_rows
-from tests.fixtures.sandbox import add_fault, books
+from tests.fixtures.sandbox import add_fault, at_provider, books
 
 pytestmark = pytest.mark.postgres
 
@@ -100,7 +100,7 @@ async def test_final_success_is_completed_straight_from_dispatching(
         "tool.call.dispatching",
         "tool.call.completed",
     ]
-    assert (await books(sandbox.url))["effects"] == {"refund:o-1": 1}
+    assert (await books(sandbox.url))["effects"] == {at_provider("refund:o-1"): 1}
 
 
 async def test_provider_reported_failure_is_failed_and_confirmed(
@@ -143,7 +143,7 @@ async def test_invalid_request_fails_without_retry(
     assert await make_executor().execute(call, "acme") is S.FAILED
     row = await call_row(sessions, call)
     assert "HTTP 400" in row["last_error"]
-    assert (await books(sandbox.url))["received"] == {"k-bad": 1}
+    assert (await books(sandbox.url))["received"] == {at_provider("k-bad"): 1}
 
 
 async def test_connection_refused_is_retried_then_failed_as_not_sent(
@@ -168,13 +168,14 @@ async def test_throttling_is_retried_with_the_same_key(
     make_executor: MakeExecutor,
 ) -> None:
     await add_fault(
-        sandbox.url, {"kind": kind, "idempotencyKey": "k-thr", "times": 2, "retryAfter": 0}
+        sandbox.url,
+        {"kind": kind, "idempotencyKey": at_provider("k-thr"), "times": 2, "retryAfter": 0},
     )
     call = await submit_call(sessions, registry, "refund", {"n": 1}, key="k-thr")
     assert await make_executor().execute(call, "acme") is S.COMPLETED
     counts = await books(sandbox.url)
-    assert counts["received"] == {"k-thr": 3}
-    assert counts["effects"] == {"k-thr": 1}
+    assert counts["received"] == {at_provider("k-thr"): 3}
+    assert counts["effects"] == {at_provider("k-thr"): 1}
 
 
 async def test_the_first_retry_waits_the_providers_retry_after(
@@ -186,13 +187,19 @@ async def test_the_first_retry_waits_the_providers_retry_after(
     """The first attempt's answer sets the first wait: Retry-After 1 s, capped by the
     policy's 0.4 s, where its own backoff would be at most 10 ms."""
     await add_fault(
-        sandbox.url, {"kind": "rate_limit", "idempotencyKey": "k-wait", "times": 1, "retryAfter": 1}
+        sandbox.url,
+        {
+            "kind": "rate_limit",
+            "idempotencyKey": at_provider("k-wait"),
+            "times": 1,
+            "retryAfter": 1,
+        },
     )
     call = await submit_call(sessions, registry, "refund-patient", {"n": 1}, key="k-wait")
     started = time.monotonic()
     assert await make_executor().execute(call, "acme") is S.COMPLETED
     assert time.monotonic() - started >= 0.4
-    assert (await books(sandbox.url))["received"] == {"k-wait": 2}
+    assert (await books(sandbox.url))["received"] == {at_provider("k-wait"): 2}
 
 
 @pytest.mark.parametrize(
@@ -214,7 +221,7 @@ async def test_sent_without_a_definitive_answer_is_result_unknown_never_retried(
     sandbox: SandboxServer,
     make_executor: MakeExecutor,
 ) -> None:
-    await add_fault(sandbox.url, {**rule, "idempotencyKey": "k-unk"})
+    await add_fault(sandbox.url, {**rule, "idempotencyKey": at_provider("k-unk")})
     call = await submit_call(sessions, registry, cap, {"n": 1}, key="k-unk")
 
     assert await make_executor().execute(call, "acme") is S.RESULT_UNKNOWN
@@ -224,7 +231,7 @@ async def test_sent_without_a_definitive_answer_is_result_unknown_never_retried(
     assert row["verification_status"] == "pending"
     assert row["next_reconcile_at"] is not None
     assert row["last_error"]
-    assert (await books(sandbox.url))["received"] == {"k-unk": 1}
+    assert (await books(sandbox.url))["received"] == {at_provider("k-unk"): 1}
 
 
 async def test_read_only_capability_is_simply_retried_on_a_lost_response(
@@ -233,10 +240,12 @@ async def test_read_only_capability_is_simply_retried_on_a_lost_response(
     sandbox: SandboxServer,
     make_executor: MakeExecutor,
 ) -> None:
-    await add_fault(sandbox.url, {"kind": "drop_after_apply", "idempotencyKey": "k-ro", "times": 1})
+    await add_fault(
+        sandbox.url, {"kind": "drop_after_apply", "idempotencyKey": at_provider("k-ro"), "times": 1}
+    )
     call = await submit_call(sessions, registry, "lookup", {"orderId": "o-9"}, key="k-ro")
     assert await make_executor().execute(call, "acme") is S.COMPLETED
-    assert (await books(sandbox.url))["received"] == {"k-ro": 2}
+    assert (await books(sandbox.url))["received"] == {at_provider("k-ro"): 2}
 
 
 async def test_a_duplicate_command_is_dropped_by_the_call_state(
@@ -250,4 +259,4 @@ async def test_a_duplicate_command_is_dropped_by_the_call_state(
     assert await executor.execute(call, "acme") is S.COMPLETED
     assert await executor.execute(call, "acme") is None
     assert await make_executor("worker-b").execute(call, "acme") is None
-    assert (await books(sandbox.url))["received"] == {"k-dup": 1}
+    assert (await books(sandbox.url))["received"] == {at_provider("k-dup"): 1}

@@ -25,7 +25,7 @@ from tests.fixtures.calls import expire_leases, submit_call
 from tests.fixtures.capabilities import reconcile_capability
 from tests.fixtures.reconciling import new_reconciler
 from tests.fixtures.rows import call_row, event_types
-from tests.fixtures.sandbox import add_fault, books
+from tests.fixtures.sandbox import add_fault, at_provider, books
 from tests.fixtures.waiting import eventually
 
 pytestmark = pytest.mark.postgres
@@ -137,7 +137,12 @@ async def test_a_zombie_cannot_record_over_a_reconcilers_resend(
     # The re-send is held at the sandbox while the zombie wakes up.
     await add_fault(
         sandbox.url,
-        {"kind": "latency", "latencyMs": 1000, "method": "POST", "idempotencyKey": "k-se"},
+        {
+            "kind": "latency",
+            "latencyMs": 1000,
+            "method": "POST",
+            "idempotencyKey": at_provider("k-se"),
+        },
     )
     reconciler = new_reconciler(sessions, registry, http, owner="reconciler-r")
     resend = asyncio.create_task(reconciler.run_pass())
@@ -156,7 +161,7 @@ async def test_a_zombie_cannot_record_over_a_reconcilers_resend(
     assert row["result"] == {"echo": {"n": 2}}
     assert row["external_request_id"] != "req_zombie"
     assert "tool.call.completed" not in await event_types(sessions, call)
-    assert (await books(sandbox.url))["effects"] == {"k-se": 1}
+    assert (await books(sandbox.url))["effects"] == {at_provider("k-se"): 1}
 
 
 async def test_a_claim_whose_lease_lapsed_before_the_send_is_not_sent(

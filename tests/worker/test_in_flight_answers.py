@@ -22,7 +22,7 @@ from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from tests.fixtures.calls import submit_call
 from tests.fixtures.rows import call_row, event_types
-from tests.fixtures.sandbox import add_fault, books
+from tests.fixtures.sandbox import add_fault, at_provider, books
 
 pytestmark = pytest.mark.postgres
 
@@ -60,7 +60,13 @@ async def answered(
     key = f"k-{cap_id}-{status}"
     await add_fault(
         sandbox_url,
-        {"kind": "error", "status": status, "idempotencyKey": key, "method": "POST", "times": 1},
+        {
+            "kind": "error",
+            "status": status,
+            "idempotencyKey": at_provider(key),
+            "method": "POST",
+            "times": 1,
+        },
     )
     call = await submit_call(sessions, registry, cap_id, {"n": status}, key=key)
     return call, await executor.execute(call, "acme")
@@ -86,7 +92,7 @@ async def test_a_side_effecting_call_answered_in_flight_is_result_unknown(
     assert row["last_error"] == f"no definitive answer: HTTP {status}"
     assert "tool.call.failed" not in await event_types(sessions, call)
     # Not retried blindly: the one request the sandbox answered.
-    assert (await books(sandbox.url))["received"] == {f"k-refund-{status}": 1}
+    assert (await books(sandbox.url))["received"] == {at_provider(f"k-refund-{status}"): 1}
     # Nobody may open a retry with a new key while the effect may be in flight.
     async with sessions() as session, session.begin():
         with pytest.raises(RetryNotAllowed):
@@ -96,6 +102,7 @@ async def test_a_side_effecting_call_answered_in_flight_is_result_unknown(
                 RetryRequest(reason="looks failed", new_idempotency_key=True),
                 tenant="acme",
                 actor=OPERATOR,
+                registry=registry,
             )
     assert (await call_row(sessions, call))["status"] == "result_unknown"
 
@@ -112,7 +119,7 @@ async def test_a_read_only_call_answered_in_flight_is_repeated(
 
     assert recorded is S.COMPLETED
     assert (await call_row(sessions, call))["result"] == {"echo": {"n": status}}
-    assert (await books(sandbox.url))["received"] == {f"k-lookup-{status}": 2}
+    assert (await books(sandbox.url))["received"] == {at_provider(f"k-lookup-{status}"): 2}
 
 
 @pytest.mark.parametrize("status", [400, 422])
@@ -131,4 +138,4 @@ async def test_any_other_4xx_is_a_refusal(
         "confirmed_failure",
         f"provider refused the request: HTTP {status} rejected",
     )
-    assert (await books(sandbox.url))["received"] == {f"k-refund-{status}": 1}
+    assert (await books(sandbox.url))["received"] == {at_provider(f"k-refund-{status}"): 1}

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.ledger.messages import Producer, ce_source
 from dispatcher.settings import DEFAULT_TOPICS, Topics
+from dispatcher.tenancy import ordering_key
 from dispatcher.testing.registries import capability, registry_of
 from dispatcher.worker.recovery import recover_expired
 from tests.fixtures.calls import insert_call
@@ -49,7 +50,9 @@ async def test_a_lost_side_effect_is_handed_to_the_reconciler_due_at_once(
     call = await lapsed(sessions, "refund")
     report = await recover_expired(sessions, REGISTRY, topics=TOPICS)
     assert (report.marked_unknown, report.redispatched) == ([call], [])
-    assert [r["key"] for r in await outbox_rows(sessions, TOPICS.events)] == ["run-1"]
+    assert [r["key"] for r in await outbox_rows(sessions, TOPICS.events)] == [
+        ordering_key("acme", "run-1")
+    ]
 
     row = await call_row(sessions, call)
     assert (row["status"], row["verification_status"], row["reconciliation_status"]) == (
@@ -96,10 +99,16 @@ async def test_a_lost_read_is_sent_again_by_a_command_caused_by_its_redispatch(
     event = (await events_of(sessions, call))[-1]
     assert event["payload"]["rule"] == "redispatch"
     assert event["payload"]["deadWorker"] == "worker-dead"
-    [command] = [r for r in await outbox_rows(sessions, TOPICS.dispatch) if r["key"] == call]
+    [command] = [
+        r
+        for r in await outbox_rows(sessions, TOPICS.dispatch)
+        if r["key"] == ordering_key("acme", call)
+    ]
     assert command["payload"]["causationId"] == str(event["event_id"])
     assert command["headers"]["ce_source"] == ce_source(Producer.RECOVERY)
-    assert [r["key"] for r in await outbox_rows(sessions, TOPICS.events)] == ["run-1"]
+    assert [r["key"] for r in await outbox_rows(sessions, TOPICS.events)] == [
+        ordering_key("acme", "run-1")
+    ]
 
 
 async def test_one_sweep_takes_at_most_its_limit_oldest_lease_first(sessions: Sessions) -> None:

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.ledger.messages import Producer, ce_source, enqueue, outbox_row
 from dispatcher.settings import Topics
+from dispatcher.tenancy import ordering_key
 from dispatcher.worker.redrive import redrive_stale
 from tests.fixtures.calls import insert_call
 from tests.fixtures.rows import event_types, outbox_rows
@@ -44,9 +45,11 @@ async def test_a_stale_call_gets_a_command_from_the_redriver_on_its_topics(
     assert await redrive(sessions) == [call]
 
     [command] = await outbox_rows(sessions, TOPICS.dispatch)
-    assert command["key"] == call
+    assert command["key"] == ordering_key("acme", call)
     assert command["headers"]["ce_source"] == ce_source(Producer.REDRIVE)
-    assert [r["key"] for r in await outbox_rows(sessions, TOPICS.events)] == ["run-1"]
+    assert [r["key"] for r in await outbox_rows(sessions, TOPICS.events)] == [
+        ordering_key("acme", "run-1")
+    ]
     assert (await event_types(sessions, call))[-1] == "tool.call.redriven"
     assert await event_types(sessions, young) == []
 
@@ -56,7 +59,11 @@ async def test_only_a_command_on_the_dispatch_topic_counts_as_one_in_flight(
 ) -> None:
     call = await authorized(sessions, 120)
     other = outbox_row(
-        topic="site.audit", key=call, type="x", source="/x", payload={"tenant": "acme"}
+        topic="site.audit",
+        key=ordering_key("acme", call),
+        type="x",
+        source="/x",
+        payload={"tenant": "acme"},
     )
     async with sessions() as session, session.begin():
         await enqueue(session, [other])

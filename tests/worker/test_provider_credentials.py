@@ -18,6 +18,7 @@ from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.tenancy import provider_key
 from dispatcher.testing.embedded import free_port
 from dispatcher.testing.registries import capability, registry_of
 from dispatcher.testing.sandbox import SandboxServer
@@ -101,7 +102,7 @@ async def test_secret_is_sent_but_never_stored_or_logged(
 
     [sent] = provider.headers
     assert sent["authorization"] == f"Bearer {SECRET}"
-    assert sent["idempotency-key"] == "refund:o-1"
+    assert sent["idempotency-key"] == provider_key("acme", "refund:o-1")
     assert sent["traceparent"].startswith("00-") and len(sent["traceparent"]) == 55
 
     dumps = await table_dumps(sessions)

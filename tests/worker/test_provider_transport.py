@@ -102,7 +102,7 @@ def cap(url: str, *, method: str = "POST", side_effects: bool = True, timeout: f
     )
 
 
-REQUEST = DispatchRequest("tc-1", "k-1", {"n": 1}, "tc-1")
+REQUEST = DispatchRequest("tc-1", "k-1", {"n": 1}, "tc-1", tenant="acme")
 
 
 async def send(transport: Transport, url: str, method: str = "POST", seconds: float = 2.0) -> Any:

@@ -14,13 +14,14 @@ from dispatcher.provider.client import OutcomeKind, ProviderClient, ProviderOutc
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.tenancy import ordering_key
 from dispatcher.testing.registries import capability, registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired
 from tests.fixtures.calls import expire_leases, submit_call
 from tests.fixtures.rows import call_row, event_payloads, event_types, outbox_rows
-from tests.fixtures.sandbox import books
+from tests.fixtures.sandbox import at_provider, books
 
 pytestmark = pytest.mark.postgres
 
@@ -89,7 +90,11 @@ async def test_read_only_call_of_a_dead_worker_is_dispatched_again(
     assert await sweep(sessions, registry) == ([call], [])
 
     assert (await call_row(sessions, call))["status"] == "authorized"
-    commands = [r for r in await outbox_rows(sessions, DEFAULT_TOPICS.dispatch) if r["key"] == call]
+    commands = [
+        r
+        for r in await outbox_rows(sessions, DEFAULT_TOPICS.dispatch)
+        if r["key"] == ordering_key("acme", call)
+    ]
     assert len(commands) == 2  # the original and the re-dispatch
     assert await executor.execute(call, "acme") is S.COMPLETED
 
@@ -127,7 +132,7 @@ async def test_a_recorded_outcome_is_never_run_again(
     await expire_leases(sessions)
     assert await sweep(sessions, registry) == ([], [])
     assert await executor.execute(call, "acme") is None  # a redelivered command
-    assert (await books(sandbox.url))["effects"] == {"k-done": 1}
+    assert (await books(sandbox.url))["effects"] == {at_provider("k-done"): 1}
 
 
 async def test_concurrent_sweepers_take_each_call_once(

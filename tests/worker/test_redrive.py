@@ -14,13 +14,14 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import CapabilityRegistry, load_registry
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.settings import DEFAULT_TOPICS
+from dispatcher.tenancy import ordering_key
 from dispatcher.testing.registries import capability, registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker import redrive as redrive_module
 from dispatcher.worker.redrive import redrive_stale
 from tests.fixtures.calls import submit_call
 from tests.fixtures.rows import call_row
-from tests.fixtures.sandbox import books
+from tests.fixtures.sandbox import at_provider, books
 from tests.fixtures.stack import MakeStack
 from tests.fixtures.waiting import eventually
 
@@ -49,7 +50,7 @@ async def dispatch_rows(sessions: async_sessionmaker[AsyncSession], call: str) -
             await session.execute(
                 select(func.count())
                 .select_from(outbox)
-                .where(outbox.c.key == call, outbox.c.topic == TOPIC)
+                .where(outbox.c.key == ordering_key("acme", call), outbox.c.topic == TOPIC)
             )
         ).scalar_one()
     return count
@@ -74,7 +75,7 @@ async def redrive_facts(
         causes = (
             await session.execute(
                 select(outbox.c.payload["causationId"].astext)
-                .where(outbox.c.key == call, outbox.c.topic == TOPIC)
+                .where(outbox.c.key == ordering_key("acme", call), outbox.c.topic == TOPIC)
                 .order_by(outbox.c.id)
             )
         ).scalars()
@@ -187,7 +188,7 @@ async def test_worker_redrives_lost_commands_and_applies_each_once(
                     "SELECT topic, key, payload, headers FROM outbox "
                     "WHERE key = :k AND published_at IS NOT NULL"
                 ),
-                {"k": call},
+                {"k": ordering_key("acme", call)},
             )
     stack.start("relay")
     stack.start("worker")
@@ -198,7 +199,7 @@ async def test_worker_redrives_lost_commands_and_applies_each_once(
         return all(r["status"] == "completed" for r in rows)
 
     await eventually(all_completed, what="the re-driven calls to complete")
-    assert (await books(sandbox.url))["effects"] == {f"k-{i}": 1 for i in range(10)}
+    assert (await books(sandbox.url))["effects"] == {at_provider(f"k-{i}"): 1 for i in range(10)}
 
 
 async def test_a_call_whose_command_cannot_be_built_does_not_hold_back_the_others(
@@ -242,7 +243,7 @@ async def test_a_redriven_command_carries_the_calls_stored_trace_context(
         headers = (
             await session.execute(
                 select(outbox.c.headers)
-                .where(outbox.c.key == call, outbox.c.topic == TOPIC)
+                .where(outbox.c.key == ordering_key("acme", call), outbox.c.topic == TOPIC)
                 .order_by(outbox.c.id)
             )
         ).scalars()

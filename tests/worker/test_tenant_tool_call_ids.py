@@ -21,7 +21,7 @@ from dispatcher.testing.registries import capability, registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.redrive import redrive_stale
-from tests.fixtures.sandbox import books
+from tests.fixtures.sandbox import at_provider, books
 from tests.fixtures.stack import MakeStack
 from tests.fixtures.waiting import eventually
 
@@ -75,7 +75,9 @@ async def test_one_worker_batch_runs_each_tenants_call_with_its_own_outcome(
     for tenant in TENANTS:
         # Each row holds the answer to its own request (the sandbox echoes the input).
         assert calls[tenant]["result"]["echo"] == {"orderId": f"o-{tenant}"}  # type: ignore[index]
-    assert (await books(sandbox.url))["effects"] == {f"{t}:shared-1": 1 for t in TENANTS}
+    assert (await books(sandbox.url))["effects"] == {
+        at_provider(f"{t}:shared-1", t): 1 for t in TENANTS
+    }
 
 
 @pytest.mark.kafka
@@ -99,14 +101,16 @@ async def test_same_tool_call_id_in_two_tenants_runs_twice_with_one_effect_each(
     }
     assert calls["acme"]["external_request_id"] != calls["globex"]["external_request_id"]
     assert calls["acme"]["dispatch_attempts"] == calls["globex"]["dispatch_attempts"] == 1
-    assert (await books(sandbox.url))["effects"] == {f"{t}:shared-1": 1 for t in TENANTS}
+    assert (await books(sandbox.url))["effects"] == {
+        at_provider(f"{t}:shared-1", t): 1 for t in TENANTS
+    }
 
 
 async def test_redrive_tells_two_tenants_commands_apart(
     sessions: Sessions, sandbox: SandboxServer
 ) -> None:
-    """The outbox key of a command is the bare call id: acme's command still waiting
-    must not pass for globex's lost one."""
+    """Both tenants' commands are about ``shared-1`` (each keyed by its own tenant's
+    ordering key): acme's command still waiting must not pass for globex's lost one."""
     await submit_shared(sessions, registry_of(capability("refund", sandbox.url)))
     back = text("now() - interval '120 seconds'")
     async with sessions() as session, session.begin():

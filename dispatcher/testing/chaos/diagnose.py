@@ -17,6 +17,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from dispatcher.tenancy import ordering_key_sql
+
 _ACTIVITY = text(
     "SELECT application_name, state, wait_event_type, wait_event,"
     " extract(epoch FROM now() - xact_start) AS xact_age,"
@@ -26,14 +28,15 @@ _ACTIVITY = text(
     " ORDER BY xact_start NULLS LAST LIMIT 6"
 )
 _COMMANDS = text(
-    "SELECT count(*) AS calls,"
+    "SELECT count(*) AS calls,"  # noqa: S608 - constant text
     " count(*) FILTER (WHERE c.newest IS NULL) AS without_command,"
     " count(*) FILTER (WHERE c.unpublished > 0) AS command_waiting,"
     " extract(epoch FROM now() - max(c.newest)) AS youngest_age"
     " FROM tool_calls t LEFT JOIN LATERAL ("
     "   SELECT max(o.published_at) AS newest,"
     "     count(*) FILTER (WHERE o.published_at IS NULL) AS unpublished"
-    "   FROM outbox o WHERE o.key = t.tool_call_id AND o.topic = :topic) c ON true"
+    f"   FROM outbox o WHERE o.key = {ordering_key_sql('t.tenant', 't.tool_call_id')}"
+    "     AND o.topic = :topic) c ON true"
     " WHERE t.status = 'authorized'"
 )
 _TRANSITION = "tool_dispatcher.transitions"
