@@ -7,8 +7,6 @@ an agent runtime that only submits calls must not load SQLAlchemy or psycopg.
 
 from __future__ import annotations
 
-import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +19,8 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from dispatcher.states import ApprovalStatus, EscalationStatus
+from dispatcher.storable import MAX_INPUT_DEPTH as MAX_INPUT_DEPTH
+from dispatcher.storable import unstorable
 
 
 class _View(BaseModel):
@@ -97,39 +97,6 @@ def _check_text(value: str) -> str:
 
 StorableText = Annotated[str, AfterValidator(_check_text)]
 """Free text (a reason): PostgreSQL text cannot hold a NUL character."""
-
-# Deeper input is refused: nothing a tool needs is nested this deep, and each level
-# costs stack in the JSON encoder, the database and the provider.
-MAX_INPUT_DEPTH = 32
-
-
-def unstorable(value: Any, path: str = "input", depth: int = 0) -> tuple[str, str] | None:
-    """The JSON path and the fault of the first value in ``value`` that PostgreSQL's
-    jsonb cannot store or a provider's JSON parser would refuse (a NUL in a string or a
-    key, a NaN or infinite number, nesting deeper than :data:`MAX_INPUT_DEPTH`)."""
-    if depth > MAX_INPUT_DEPTH:
-        return path, f"nested deeper than {MAX_INPUT_DEPTH} levels"
-    if isinstance(value, str):
-        return (path, "a string holds a NUL character") if "\x00" in value else None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else (path, "a number is not finite")
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            name = f"{path}.{key}" if _PLAIN_KEY.fullmatch(key) else f"{path}[{json.dumps(key)}]"
-            if "\x00" in key:
-                return name, "a key holds a NUL character"
-            found = unstorable(item, name, depth + 1)
-            if found is not None:
-                return found
-    elif isinstance(value, list):
-        for n, item in enumerate(value):
-            found = unstorable(item, f"{path}[{n}]", depth + 1)
-            if found is not None:
-                return found
-    return None
-
-
-_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 class SubmitRequest(BaseModel):

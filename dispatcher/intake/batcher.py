@@ -2,6 +2,10 @@
 
 Each caller's future resolves only after the transaction holding its rows has
 committed, so an answer never announces a call that could still be rolled back.
+A submission is prepared before it is queued: what the request and the registry
+alone refuse (an unknown or disabled capability, a derived key outside the contract)
+is answered at once with its 4xx, also while the database is down, and never joins
+a batch.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from dispatcher.errors import (
     ServiceUnavailable,
     ValidationFailed,
 )
-from dispatcher.intake.service import submit_many
+from dispatcher.intake.plan import Prepared
+from dispatcher.intake.service import prepare, record_prepared
 from dispatcher.schemas import Submission, SubmitRequest
 from dispatcher.settings import Topics
 from dispatcher.tracing import Trace
@@ -38,16 +43,13 @@ _ONE_ROW = REFUSED_INPUT | {DbErrorClass.CONSTRAINT}
 
 @dataclass(slots=True)
 class _Pending:
-    request: SubmitRequest
-    tenant: str
-    submitted_by: str | None
+    prepared: Prepared
     future: asyncio.Future[Submission]
-    trace: Trace
 
 
 class IntakeBatcher:
-    """Runs :func:`submit_many` over whatever submissions are waiting, ``flushers``
-    transactions at a time."""
+    """Records whatever prepared submissions are waiting (:func:`record_prepared`),
+    ``flushers`` transactions at a time."""
 
     def __init__(
         self,
@@ -86,9 +88,10 @@ class IntakeBatcher:
         trace: Trace = None,
     ) -> Submission:
         """Queue one submission (``trace``: the context it is stored with); answers
-        once the batch holding it committed."""
+        once the batch holding it committed. Raises at once what needs no database."""
+        prepared = prepare(request, tenant, self._registry, submitted_by, trace)
         future: asyncio.Future[Submission] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(request, tenant, submitted_by, future, trace))
+        self._queue.put_nowait(_Pending(prepared, future))
         # Shielded: a client that hangs up must not cancel a commit in progress; its
         # call is recorded all the same and a replay with its key finds it.
         return await asyncio.shield(future)
@@ -152,13 +155,8 @@ class IntakeBatcher:
     async def _once(self, batch: list[_Pending]) -> list[Submission | DispatcherError]:
         # Straight on the pooled psycopg connection: intake's statements go there anyway.
         async with driver_transaction(self._engine) as connection:
-            return await submit_many(
-                connection,
-                [(p.request, p.tenant) for p in batch],
-                registry=self._registry,
-                topics=self._topics,
-                submitted_by=[p.submitted_by for p in batch],
-                traces=[p.trace for p in batch],
+            return await record_prepared(
+                connection, [p.prepared for p in batch], topics=self._topics
             )
 
 

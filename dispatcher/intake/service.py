@@ -106,17 +106,34 @@ async def submit_many(
     disturb the others. ``submitted_by``, parallel to ``items``, names each submitter;
     ``traces``, also parallel, the trace context each was submitted in.
     """
-    tx = await CallerTransaction.of(session)
     outcomes: list[Submission | DispatcherError | None] = [None] * len(items)
     prepared: dict[int, Prepared] = {}
     submitters = list(submitted_by) if submitted_by is not None else [None] * len(items)
     contexts = list(traces) if traces is not None else [None] * len(items)
     for i, (request, tenant) in enumerate(items):
         try:
-            prepared[i] = _prepare(request, tenant, registry, submitters[i], contexts[i])
+            prepared[i] = prepare(request, tenant, registry, submitters[i], contexts[i])
         except DispatcherError as exc:
             outcomes[i] = exc
+    recorded = await record_prepared(session, list(prepared.values()), topics=topics)
+    for i, outcome in zip(prepared, recorded, strict=True):
+        outcomes[i] = outcome
+    return [o for o in outcomes if o is not None]
 
+
+async def record_prepared(
+    session: Transaction, submissions: Sequence[Prepared], *, topics: Topics = DEFAULT_TOPICS
+) -> list[Submission | DispatcherError]:
+    """Record submissions :func:`prepare` accepted, in the caller's transaction: one
+    outcome each, in order, and a refused one disturbs no other.
+
+    Everything decided from the request, the tenant and the registry was decided
+    before (HTTP intake prepares each submission before it joins a group commit, so
+    those refusals keep their 4xx while the database is down); what is left here needs
+    the database."""
+    tx = await CallerTransaction.of(session)
+    prepared = dict(enumerate(submissions))
+    outcomes: dict[int, Submission | DispatcherError] = {}
     if prepared:
         fresh, to_replay = _first_claims(prepared)
         events: list[dict[str, Any]] = []
@@ -154,8 +171,7 @@ async def submit_many(
             outcomes_of_replays = await _replay(tx, to_replay)
             for i, outcome in outcomes_of_replays.items():
                 outcomes[i] = outcome
-
-    return [o for o in outcomes if o is not None]
+    return [outcomes[i] for i in range(len(submissions))]
 
 
 def _first_claims(prepared: dict[int, Prepared]) -> tuple[list[int], dict[int, Prepared]]:
@@ -181,13 +197,16 @@ def _first_claims(prepared: dict[int, Prepared]) -> tuple[list[int], dict[int, P
     return fresh, to_replay
 
 
-def _prepare(
+def prepare(
     request: SubmitRequest,
     tenant: str,
     registry: CapabilityRegistry,
     submitted_by: str | None,
     trace: Trace = None,
 ) -> Prepared:
+    """What ``request`` would write, or the :class:`DispatcherError` that refuses it
+    without the database: an unknown or disabled capability, a derived key outside
+    the identifier contract."""
     capability = registry.get(request.capability_id)
     if not capability.enabled:
         raise ValidationFailed(

@@ -1,6 +1,8 @@
 """With the database out of reach every route answers 503 ``service_unavailable``, as
 intake does, so clients retry instead of treating the outage as a bug; a genuine
-database bug still answers 500."""
+database bug still answers 500. A submission refused by the request, the key or the
+registry alone keeps its 4xx during the outage: a producer that retries 503s must not
+retry what can never succeed."""
 
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.settings import ApiKey, Settings, hash_api_key, load_settings
 from dispatcher.testing.embedded import free_port
 from tests.fixtures.api import bearer, running_api
+from tests.fixtures.capabilities import with_capability
 
 OPERATOR_KEY = "tdk_test_acme_every_scope"
 OPERATOR = bearer(OPERATOR_KEY)
+READ_ONLY_KEY = "tdk_test_acme_read_only"
 
 ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("GET", "/v1/approvals", None),
@@ -43,8 +47,18 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
 
 
 def settings_for(database_url: str) -> Settings:
-    keys = [ApiKey(sha256=hash_api_key(OPERATOR_KEY), tenant="acme")]
+    keys = [
+        ApiKey(sha256=hash_api_key(OPERATOR_KEY), tenant="acme"),
+        ApiKey(sha256=hash_api_key(READ_ONLY_KEY), tenant="acme", scopes=["read"]),
+    ]
     return load_settings({"database_url": database_url, "api_keys": keys})
+
+
+@pytest.fixture
+def registry(registry: CapabilityRegistry) -> CapabilityRegistry:
+    """The sandbox registry and a disabled capability."""
+    off = registry.get("send-email").model_copy(update={"id": "send-email-off", "enabled": False})
+    return with_capability(registry, off)
 
 
 @pytest.fixture
@@ -90,3 +104,50 @@ async def test_a_database_bug_still_answers_500(
 
     assert response.status_code == 500, response.text
     assert response.json()["code"] == "internal_error"
+
+
+EMAIL = {"runId": "run-1", "capabilityId": "send-email", "input": {"to": "a@b.c"}}
+REFUND = {"runId": "run-1", "capabilityId": "refund-order-v2", "correlationId": "corr-1"}
+# What needs only the request, the key and the registry: the same answer as with a
+# database. Only the valid submission needs one.
+WITHOUT_THE_DATABASE: dict[str, tuple[str, dict[str, Any], tuple[int, str]]] = {
+    "unknown capability": (
+        OPERATOR_KEY,
+        {**EMAIL, "capabilityId": "no-such-capability"},
+        (404, "capability_not_found"),
+    ),
+    "disabled capability": (
+        OPERATOR_KEY,
+        {**EMAIL, "capabilityId": "send-email-off"},
+        (400, "validation_failed"),
+    ),
+    "template value missing": (
+        OPERATOR_KEY,
+        {**REFUND, "input": {"amountCents": 5}},
+        (400, "validation_failed"),
+    ),
+    "derived key too long": (
+        OPERATOR_KEY,
+        {**REFUND, "input": {"orderId": "o" * 300}},
+        (400, "validation_failed"),
+    ),
+    "invalid body": (OPERATOR_KEY, {"capabilityId": "send-email"}, (400, "validation_failed")),
+    "number too wide": (
+        OPERATOR_KEY,
+        {**EMAIL, "input": {"v": [1e308]}},
+        (400, "validation_failed"),
+    ),
+    "missing scope": (READ_ONLY_KEY, EMAIL, (403, "forbidden")),
+    "valid": (OPERATOR_KEY, EMAIL, (503, "service_unavailable")),
+}
+
+
+async def test_refusals_that_need_no_database_keep_their_4xx_while_it_is_down(
+    unreachable_api: httpx.AsyncClient,
+) -> None:
+    answers = {}
+    for name, (key, body, _) in WITHOUT_THE_DATABASE.items():
+        response = await unreachable_api.post("/v1/tool-calls", json=body, headers=bearer(key))
+        answers[name] = (response.status_code, response.json()["code"])
+
+    assert answers == {name: expected for name, (_, _, expected) in WITHOUT_THE_DATABASE.items()}
