@@ -345,3 +345,42 @@ class EscalationList(_View):
     """The answer of ``GET /v1/escalations``."""
 
     escalations: list[EscalationView]
+
+
+class DeadLetterView(_View):
+    """An outbox row the broker refused for good, of the caller's tenant, and how many
+    of the tenant's later rows of its key wait behind it (``blockedRows``)."""
+
+    id: int
+    topic: str
+    key: str
+    message_id: str | None
+    attempts: int
+    last_error: str | None
+    dead_lettered_at: datetime
+    created_at: datetime
+    blocked_rows: int
+
+
+class DeadLetterList(_View):
+    """The answer of ``GET /v1/outbox/dead-letters``, oldest first: ``next`` is the
+    ``after`` of the next page, null on the last one."""
+
+    dead_letters: list[DeadLetterView]
+    next: int | None
+
+
+class DeadLetterOutcome(_View):
+    """The answer of a dead letter's retry (back in line) or discard (deleted)."""
+
+    id: int
+    action: Literal["retried", "discarded"]
+
+
+class DiscardRequest(BaseModel):
+    """The body of a dead letter's discard, which loses the message for good: the
+    caller says so (``{"confirm": true}``); without it nothing changes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    confirm: Literal[True]

@@ -1,5 +1,6 @@
 """The FastAPI application: one router per resource (tool calls, runs, approvals,
-escalations, health), problem+json for every error, and the pure-ASGI middleware."""
+escalations, the outbox's dead letters, health), problem+json for every error, and the
+pure-ASGI middleware."""
 
 from __future__ import annotations
 
@@ -12,7 +13,16 @@ from starlette.types import ASGIApp
 
 import telemetry
 from dispatcher import console
-from dispatcher.api import approvals, escalations, health, openapi, problems, runs, tool_calls
+from dispatcher.api import (
+    approvals,
+    escalations,
+    health,
+    openapi,
+    outbox,
+    problems,
+    runs,
+    tool_calls,
+)
 from dispatcher.api.auth import ApiKeyAuth
 from dispatcher.api.limits import Limits
 from dispatcher.api.middleware import BodyLimit, RequestTiming
@@ -52,7 +62,7 @@ def create_app(
     app.state.limits = Limits.of(settings)
     problems.install(app)
     openapi.install(app)
-    for resource in (tool_calls, runs, approvals, escalations, health):
+    for resource in (tool_calls, runs, approvals, escalations, outbox, health):
         app.include_router(resource.router)
     console.install(app, settings, app.state.auth.keyring)
     if telemetry.enabled():

@@ -28,16 +28,18 @@ _MAX_FILTER = 255
 async def dead_letters(request: Request, viewer: Signed) -> Response:
     query = dict(request.query_params)
     shown = views.DeadLetterFilter(topic=_filter(query, "topic"), key=_filter(query, "key"))
-    number = paging.page_number(query)
+    after = paging.cursor(query)
     async with sessions_of(request)() as session:
         fetched = await views.dead_letters(
             session,
             viewer.principal.tenant,
             where=shown,
             limit=paging.PAGE_SIZE + 1,
-            offset=paging.offset_of(number),
+            after=after,
         )
-    page = paging.Page.of(fetched, path="/console/outbox", query=query, number=number)
+    page = paging.Page.keyset(
+        fetched, path="/console/outbox", query=query, after=after, key=lambda d: d.id
+    )
     return render(request, "outbox.html", page=page, shown=shown)
 
 

@@ -156,6 +156,15 @@ execution_events = Table(
 )
 
 outbox = outbox_table(metadata)
+# A tenant's dead letters in id order (dispatcher.views.outbox, a page at a time): small
+# by construction, and read without walking the published history or another
+# tenant's dead letters (migration 0011).
+Index(
+    "ix_outbox_dead_letters_tenant",
+    outbox.c.payload["tenant"].astext,
+    outbox.c.id,
+    postgresql_where=outbox.c.dead_lettered_at.is_not(None),
+)
 
 escalations = Table(
     "escalations",

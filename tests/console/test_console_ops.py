@@ -230,7 +230,7 @@ async def test_a_post_without_the_form_token_changes_nothing(
     assert bad_id.status_code == 400
 
 
-async def test_the_outbox_pages_by_fifty_and_the_next_link_keeps_the_filter(
+async def test_the_outbox_pages_by_fifty_after_the_last_id_and_keeps_the_filter(
     sessions: Sessions, operator: httpx.AsyncClient
 ) -> None:
     topic = f"t-{uuid.uuid4().hex[:6]}"
@@ -243,9 +243,15 @@ async def test_the_outbox_pages_by_fifty_and_the_next_link_keeps_the_filter(
 
     shown = [int(i) for i in re.findall(r'data-row-id="(\d+)"', first.text)]
     assert shown == ids[:50]  # oldest first
+    assert 'rel="prev"' not in first.text
     found = re.search(r'<a href="([^"]+)" rel="next">', first.text)
     assert found is not None
-    assert found.group(1) == f"/console/outbox?topic={topic}&amp;page=2"
+    assert found.group(1) == f"/console/outbox?topic={topic}&amp;after={ids[49]}"
+    # Keyset, not OFFSET: a row retried off the first page moves no row of the second.
+    retried = await operator.post(
+        f"/console/outbox/{ids[0]}/retry", data={"csrf": csrf_of(first.text)}
+    )
+    assert retried.status_code == 303
     second = await operator.get(found.group(1).replace("&amp;", "&"))
     assert [int(i) for i in re.findall(r'data-row-id="(\d+)"', second.text)] == ids[50:]
     assert f'href="/console/outbox?topic={topic}" rel="prev"' in second.text
@@ -253,7 +259,8 @@ async def test_the_outbox_pages_by_fifty_and_the_next_link_keeps_the_filter(
     assert ROW.format(elsewhere) not in first.text + second.text
     other = (await operator.get("/console/outbox", params={"topic": "other"})).text
     assert re.findall(r'data-row-id="(\d+)"', other) == [str(elsewhere)]
-    assert (await operator.get("/console/outbox?page=%C2%B2")).status_code == 400
+    for bad in ("%C2%B2", "-1", "x", "9" * 20):
+        assert (await operator.get(f"/console/outbox?after={bad}")).status_code == 400, bad
 
 
 async def test_the_overview_counts_the_tenants_rows_and_reloads_itself(

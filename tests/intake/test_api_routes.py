@@ -32,6 +32,9 @@ SCOPES = {
     ("GET", "/v1/escalations"): "read",
     ("POST", "/v1/escalations/{escalation_id}/acknowledge"): "operate",
     ("POST", "/v1/escalations/{escalation_id}/resolve"): "operate",
+    ("GET", "/v1/outbox/dead-letters"): "operate",
+    ("POST", "/v1/outbox/dead-letters/{row_id}/retry"): "operate",
+    ("POST", "/v1/outbox/dead-letters/{row_id}/discard"): "operate",
 }
 
 

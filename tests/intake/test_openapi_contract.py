@@ -36,7 +36,7 @@ pytestmark = pytest.mark.postgres
 
 # Capabilities of the sandbox registry whose key template needs nothing of the input.
 RECORDABLE = ("send-email", "refund-order-approved", "lookup-order")
-# Per operation (14 of them), each example a real request: about a minute here.
+# Per operation (17 of them), each example a real request: about a minute here.
 EXAMPLES = 120
 
 

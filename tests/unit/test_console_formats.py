@@ -53,3 +53,21 @@ def test_a_page_number_out_of_range_is_refused(raw: str) -> None:
     with pytest.raises(ValidationFailed):
         paging.page_number({"page": raw})
     assert paging.page_number({}) == 1 and paging.offset_of(3) == 2 * paging.PAGE_SIZE
+
+
+def test_keyset_pages_lead_after_the_last_item_and_back_to_the_first() -> None:
+    items = [10 * n for n in range(1, paging.PAGE_SIZE + 2)]
+    query = {"topic": "t", "after": "5", "done": "retried"}
+    page = paging.Page.keyset(items, path="/console/outbox", query=query, after=5, key=int)
+    assert list(page.items) == items[: paging.PAGE_SIZE]
+    assert page.next == f"/console/outbox?topic=t&after={10 * paging.PAGE_SIZE}"
+    assert page.previous == "/console/outbox?topic=t"
+    first = paging.Page.keyset(items[:3], path="/console/outbox", query={}, after=0, key=int)
+    assert first.next is None and first.previous is None
+
+
+@pytest.mark.parametrize("raw", ["-1", "x", "²", "1e3", "9" * 20, str(2**63)])
+def test_a_cursor_that_is_no_id_is_refused(raw: str) -> None:
+    with pytest.raises(ValidationFailed):
+        paging.cursor({"after": raw})
+    assert paging.cursor({}) == 0 and paging.cursor({"after": str(2**63 - 1)}) == 2**63 - 1

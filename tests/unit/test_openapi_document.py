@@ -22,6 +22,7 @@ BODIES = {
     ("post", "/v1/runs/{run_id}/stop"): schemas.StopRequest,
     ("post", "/v1/approvals/{approval_id}/decision"): schemas.DecisionRequest,
     ("post", "/v1/escalations/{escalation_id}/resolve"): schemas.ResolveRequest,
+    ("post", "/v1/outbox/dead-letters/{row_id}/discard"): schemas.DiscardRequest,
 }
 VIEWS = {
     ("post", "/v1/tool-calls"): "ToolCallView",
@@ -35,6 +36,9 @@ VIEWS = {
     ("get", "/v1/escalations"): "EscalationList",
     ("post", "/v1/escalations/{escalation_id}/acknowledge"): "EscalationView",
     ("post", "/v1/escalations/{escalation_id}/resolve"): "EscalationView",
+    ("get", "/v1/outbox/dead-letters"): "DeadLetterList",
+    ("post", "/v1/outbox/dead-letters/{row_id}/retry"): "DeadLetterOutcome",
+    ("post", "/v1/outbox/dead-letters/{row_id}/discard"): "DeadLetterOutcome",
 }
 
 
