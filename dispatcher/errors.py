@@ -33,7 +33,7 @@ problem+json.
     │   └── IdempotencyKeyReused           idempotency_key_reused
     ├── LimitExceeded                  a limit that shields the shared service (retriable later)
     │   ├── RateLimited                429 rate_limited (with Retry-After)
-    │   └── RequestTimeout             408 request_timeout (the body came too slowly)
+    │   └── RequestTimeout             408 request_timeout (the head or body came too slowly)
     ├── ServiceUnavailable             503 service_unavailable (retriable: send it again)
     └── InternalError                  500 internal_error: a bug of this program, not the client's
         └── IllegalTransition              a move the transition tables forbid
@@ -290,9 +290,9 @@ class RateLimited(LimitExceeded):
 
 
 class RequestTimeout(LimitExceeded):
-    """The request's body did not arrive in time (a slow or stalled client)."""
+    """The request's head or body did not arrive in time (a slow or stalled client)."""
 
-    code, status, title = "request_timeout", 408, "Request body not received in time"
+    code, status, title = "request_timeout", 408, "Request not received in time"
 
 
 class ServiceUnavailable(DispatcherError):

@@ -152,6 +152,10 @@ class Settings(BaseSettings):
     # http_keep_alive_seconds.
     http_body_timeout_seconds: float = Field(default=10.0, gt=0)
     http_keep_alive_seconds: int = Field(default=5, ge=1)
+    # A request's head (request line and headers) must have fully arrived this long
+    # after its first byte (else 408 and the connection is closed): a client trickling
+    # header lines would otherwise hold its connection for ever.
+    http_head_timeout_seconds: float = Field(default=10.0, gt=0)
 
     # The operator console (dispatcher.console). Its session cookies are signed with
     # this secret; unset, each API process draws its own at start, so sessions end when

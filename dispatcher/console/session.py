@@ -1,10 +1,13 @@
 """The console's session: a signed cookie naming the operator's key by its hash.
 
 The cookie never holds the key itself, only its SHA-256 (what the keyring is indexed
-by) and a random session id, signed with a timestamp so it expires. It is stateless:
-removing a key from the configuration ends its sessions at once, and rotating the
-secret ends all of them. The CSRF token is an HMAC of the session id, so a form can
-only be posted by a page this session was served.
+by) and a random session id, signed with a timestamp so it expires. The signature only
+keeps forgeries away from the database: a session is live while its row in
+``console_sessions`` is (:mod:`dispatcher.console.session_rows`), so signing out ends
+it on every API replica, even for a copy of the cookie. Removing a key from the
+configuration ends its sessions at once, and rotating the secret ends all of them. The
+CSRF token is an HMAC of the session id, so a form can only be posted by a page this
+session was served.
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ class Session:
     key_hash: str
     session_id: str
 
+    @property
+    def record_id(self) -> str:
+        """The session's row id: the SHA-256 of its id, so the table alone (a backup,
+        a read-only role) holds nothing that names a session in a cookie."""
+        return hashlib.sha256(self.session_id.encode()).hexdigest()
+
 
 class SessionCodec:
     """Issues and reads session cookies, and the CSRF tokens bound to them."""
@@ -36,8 +45,10 @@ class SessionCodec:
         # host-only and for the whole site: no subdomain can plant or read one.
         self.cookie_name = "__Host-td-console" if secure else "td-console"
 
-    def issue(self, key_hash: str) -> str:
-        return self._serializer.dumps({"k": key_hash, "s": secrets.token_urlsafe(16)})
+    def issue(self, key_hash: str) -> tuple[Session, str]:
+        """A new session of the key, and the cookie value that carries it."""
+        session = Session(key_hash, secrets.token_urlsafe(16))
+        return session, self._serializer.dumps({"k": key_hash, "s": session.session_id})
 
     def read(self, value: str | None) -> Session | None:
         """The session in ``value``, or None when it is absent, forged or expired."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
+from dispatcher.console import session_rows
 from dispatcher.console.web import (
     ConsoleRoute,
     Signed,
@@ -12,6 +13,7 @@ from dispatcher.console.web import (
     read_form,
     redirect,
     render,
+    sessions_of,
     settings_of,
 )
 
@@ -54,14 +56,21 @@ async def sign_in(request: Request) -> Response:
     digest, principal = found
     if not principal.may("read"):
         return _form(request, fields.get("next"), "That API key lacks the 'read' scope.")
+    session, value = console.codec.issue(digest)
+    async with sessions_of(request)() as db:
+        await session_rows.start(db, session, seconds=console.codec.max_age_seconds)
     response = redirect(_next(fields.get("next")))
-    response.set_cookie(**console.codec.cookie(console.codec.issue(digest)))
+    response.set_cookie(**console.codec.cookie(value))
     return response
 
 
 @router.post("/console/logout")
 async def sign_out(request: Request, viewer: Signed) -> Response:
     await checked_form(request, viewer, "read")
+    # Deleting the row is what signs out: clearing the cookie below only tidies this
+    # browser, and a copy of the cookie held elsewhere would still be valid without it.
+    async with sessions_of(request)() as db:
+        await session_rows.end(db, viewer.session)
     response = redirect("/console/login")
     codec = console_of(request).codec
     response.delete_cookie(

@@ -21,7 +21,7 @@ from fastapi.routing import APIRoute
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dispatcher.console import formats
+from dispatcher.console import formats, session_rows
 from dispatcher.console.session import Session, SessionCodec
 from dispatcher.control.principals import Keyring, Principal
 from dispatcher.errors import CsrfRejected, DispatcherError, ValidationFailed
@@ -110,11 +110,15 @@ def settings_of(request: Request) -> Settings:
 async def _viewer(request: Request) -> Viewer:
     console = console_of(request)
     session = console.codec.read(request.cookies.get(console.codec.cookie_name))
+    # The cookie's signature and the configured keys first: a forged cookie, or one of
+    # a key removed from the configuration, costs no database round trip.
     principal = None if session is None else console.keyring.by_hash(session.key_hash)
     if session is None or principal is None:
         raise SignInRequired
-    principal.require("read")
     async with sessions_of(request)() as db:
+        if not await session_rows.is_live(db, session):
+            raise SignInRequired
+        principal.require("read")
         counts = await overview.nav_counts(db, principal.tenant)
     viewer = Viewer(principal, session, console.codec.csrf_token(session), counts)
     request.state.viewer = viewer

@@ -19,7 +19,9 @@ def codec(max_age: int = 60, *, secure: bool = True) -> SessionCodec:
 
 def test_a_cookie_reads_back_as_its_key_hash_and_a_fresh_session_id() -> None:
     c = codec()
-    first, second = c.read(c.issue("ab" * 32)), c.read(c.issue("ab" * 32))
+    (issued, first_value), (_, second_value) = c.issue("ab" * 32), c.issue("ab" * 32)
+    first, second = c.read(first_value), c.read(second_value)
+    assert first == issued
     assert first is not None and second is not None
     assert first.key_hash == "ab" * 32
     assert first.session_id != second.session_id
@@ -32,7 +34,7 @@ def test_nothing_or_garbage_is_no_session(value: str | None) -> None:
 
 
 def test_another_secret_or_a_tampered_cookie_is_no_session() -> None:
-    value = codec().issue("ab" * 32)
+    _, value = codec().issue("ab" * 32)
     other = SessionCodec(b"t" * 32, max_age_seconds=60, secure=True)
     assert other.read(value) is None
     payload, _, signature = value.rpartition(".")
@@ -53,7 +55,7 @@ def test_a_cookie_older_than_the_session_length_is_no_session(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     c = codec(max_age=60)
-    value = c.issue("ab" * 32)
+    _, value = c.issue("ab" * 32)
     now = time.time()
     monkeypatch.setattr(time, "time", lambda: now + 59)
     assert c.read(value) is not None
@@ -87,3 +89,11 @@ def test_the_cookie_is_http_only_strict_and_host_locked_when_secure() -> None:
     plain = codec(secure=False).cookie("v")
     assert plain["key"] == "td-console" and plain["secure"] is False
     assert plain["httponly"] is True and plain["samesite"] == "strict"
+
+
+def test_the_row_id_names_the_session_without_holding_its_id() -> None:
+    session, _ = codec().issue("ab" * 32)
+    assert session.record_id == Session("cd" * 32, session.session_id).record_id
+    assert session.record_id != Session("ab" * 32, session.session_id + "x").record_id
+    assert session.session_id not in session.record_id
+    assert len(session.record_id) == 64
