@@ -2,12 +2,13 @@
 
 A claim is one committed statement: the due candidates are locked with ``FOR UPDATE
 SKIP LOCKED`` (concurrent reconcilers each get other calls, none waits), and each is
-stamped with this reconciler's lease: ``lease_owner``, a bumped ``version`` and a
-``next_reconcile_at`` pushed to the lease's end, so no other reconciler sees it as
-due while the lookups run outside any transaction. Every settlement is fenced by that
-owner and version, so a reconciler that stalls past its lease (and whose calls were
-claimed again) records nothing. A reconciler that dies simply lets its calls fall due
-again when the lease ends.
+stamped with this reconciler's lease
+(:func:`dispatcher.ledger.leases.claim_follow_ups`): its owner, a bumped ``version``
+and a ``next_reconcile_at`` pushed to the lease's end, so no other reconciler sees it
+as due while the lookups run outside any transaction. Every settlement is fenced by
+that owner and version, so a reconciler that stalls past its lease (and whose calls
+were claimed again) records nothing. A reconciler that dies simply lets its calls
+fall due again when the lease ends.
 
 Candidates are chosen by ``next_reconcile_at``, not by tailing an id: a row whose
 commit lands late is still due on the next claim, so no commit-order gap can skip it.
@@ -17,13 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, extract, func, select, tuple_, update
+from sqlalchemy import ColumnElement, extract, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import tool_calls
+from dispatcher.ledger.leases import claim_follow_ups
 from dispatcher.logs import log_context
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus
@@ -107,21 +109,12 @@ async def claim_due(
         .with_for_update(skip_locked=True)
         .cte("candidates")
     )
-    lease_end = func.now() + timedelta(seconds=lease_seconds)
-    rows = await session.execute(
-        update(tool_calls)
-        .where(
-            tuple_(tool_calls.c.tenant, tool_calls.c.tool_call_id).in_(
-                select(candidates.c.tenant, candidates.c.tool_call_id)
-            )
-        )
-        .values(
-            lease_owner=owner,
-            lease_expires_at=lease_end,
-            next_reconcile_at=lease_end,
-            version=tool_calls.c.version + 1,
-        )
-        .returning(
+    rows = await claim_follow_ups(
+        session,
+        candidates,
+        owner=owner,
+        lease_seconds=lease_seconds,
+        returning=(
             tool_calls.c.tool_call_id,
             tool_calls.c.tenant,
             tool_calls.c.run_id,
@@ -136,7 +129,7 @@ async def claim_due(
             tool_calls.c.compensation_requested_at.is_not(None).label("compensation_requested"),
             tool_calls.c.last_error,
             tool_calls.c.traceparent,
-        )
+        ),
     )
     return [
         DueCall(

@@ -17,8 +17,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -37,18 +36,21 @@ from dispatcher.states import ExecutionStatus as S
 from dispatcher.worker.executor import Executor
 from reconciler import metrics
 from reconciler.due import DueCall, claim_due, database_now
-from reconciler.lookup import Answer, CompensationAnswer, ProviderLookup, Reversal, lookup_urls
+from reconciler.lookup import Answer, CompensationAnswer, ProviderLookup, Reversal
 from reconciler.metrics import Tally
-from reconciler.policy import (
-    Decision,
-    Observation,
-    Situation,
-    Verdict,
-    backoff_seconds,
-    decide,
-    retry_or_escalate,
+from reconciler.policy import Observation
+from reconciler.record import Writer
+from reconciler.rulings import (
+    Compensated,
+    Compensation,
+    Escalation,
+    Redispatch,
+    Retry,
+    Rulings,
+    after_reversal,
+    rule,
+    unaddressed,
 )
-from reconciler.settle import Finding, Retry, Writer
 from reconciler.spans import for_call
 
 log = logging.getLogger(__name__)
@@ -56,17 +58,6 @@ log = logging.getLogger(__name__)
 
 def new_reconciler_id() -> str:
     return f"reconciler:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-@dataclass
-class _Batch:
-    """A batch's decisions, grouped by how they are recorded."""
-
-    successes: list[Finding] = field(default_factory=list)
-    failures: list[Finding] = field(default_factory=list)
-    retries: list[Retry] = field(default_factory=list)
-    compensated: list[Finding] = field(default_factory=list)
-    escalations: list[tuple[DueCall, str, dict[str, Any]]] = field(default_factory=list)
 
 
 class Reconciler:
@@ -146,38 +137,39 @@ class Reconciler:
         if not calls:
             return 0
         answers = await asyncio.gather(*(for_call("lookup", self._look, c) for c in calls))
-        batch = _Batch()
-        redispatches: list[tuple[DueCall, Capability, dict[str, Any]]] = []
-        compensations: list[tuple[DueCall, Capability, Answer, dict[str, Any]]] = []
+        rulings = Rulings()
+        redispatches: list[Redispatch] = []
+        compensations: list[Compensation] = []
         for call, (capability, answer) in zip(calls, answers, strict=True):
-            verdict = self._verdict(call, capability, answer)
-            evidence = {
-                "decision": verdict.decision.value,
-                "reason": verdict.reason,
-                "attempt": call.reconcile_attempts + 1,
-                "lookup": answer.evidence(),
-            }
-            if verdict.decision is Decision.REDISPATCH and capability is not None:
-                redispatches.append((call, capability, evidence))
-            elif verdict.decision is Decision.COMPENSATE and capability is not None:
-                compensations.append((call, capability, answer, evidence))
-            else:
-                self._group(batch, call, capability, answer, verdict, evidence)
-        compensating = (for_call("compensate", self._compensate, *c) for c in compensations)
-        for item in await asyncio.gather(*compensating):
-            _put(batch, item)
-        await self._record(batch, tally)
+            match rule(call, capability, answer):
+                case Redispatch() as redispatch:
+                    redispatches.append(redispatch)
+                case Compensation() as compensation:
+                    compensations.append(compensation)
+                case ruling:
+                    rulings.put(ruling)
+        compensating = (
+            for_call("compensate", self._compensate, c.call, c.capability, c.answer, c.evidence)
+            for c in compensations
+        )
+        for reversal in await asyncio.gather(*compensating):
+            rulings.put(reversal)
+        async with self._sessions() as session, session.begin():
+            await self._writer.record(session, rulings, tally)
         # Each re-send in its own transactions: one that raises leaves its call to the
         # recovery sweep (its lease) or to the next pass, and the others go on.
         outcomes = await asyncio.gather(
-            *(for_call("redispatch", self._redispatch, *r) for r in redispatches),
+            *(
+                for_call("redispatch", self._redispatch, r.call, r.capability, r.evidence)
+                for r in redispatches
+            ),
             return_exceptions=True,
         )
-        for (call, _, _), outcome in zip(redispatches, outcomes, strict=True):
+        for redispatch, outcome in zip(redispatches, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 if not isinstance(outcome, Exception):
                     raise outcome  # cancelled: the pass stops
-                log.error("re-sending %s failed", call.tool_call_id, exc_info=outcome)
+                log.error("re-sending %s failed", redispatch.call.tool_call_id, exc_info=outcome)
         tally.add("redispatched", sum(1 for ok in outcomes if ok is True))
         tally.add("taken_over", sum(1 for ok in outcomes if ok is False))
         tally.add("redispatch_failed", sum(1 for ok in outcomes if isinstance(ok, Exception)))
@@ -208,55 +200,14 @@ class Reconciler:
             metrics.LOOKUP_ERRORS.labels(capability.id).inc()
         return capability, answer
 
-    @staticmethod
-    def _situation(call: DueCall, capability: Capability | None) -> Situation:
-        return Situation(
-            status=call.status,
-            attempts=call.reconcile_attempts,
-            redispatches=call.redispatches,
-            age_seconds=call.age_seconds,
-            compensation_requested=call.compensation_requested,
-            can_compensate=capability is not None and capability.compensation is not None,
-        )
-
-    def _verdict(self, call: DueCall, capability: Capability | None, answer: Answer) -> Verdict:
-        if capability is None:
-            return Verdict(Decision.ESCALATE, f"capability {call.capability_id!r} not registered")
-        return decide(answer.observation, self._situation(call, capability), capability.reconcile)
-
-    def _group(
-        self,
-        batch: _Batch,
-        call: DueCall,
-        capability: Capability | None,
-        answer: Answer,
-        verdict: Verdict,
-        evidence: dict[str, Any],
-    ) -> None:
-        decision = verdict.decision
-        if decision is Decision.CONFIRM_SUCCESS:
-            batch.successes.append(
-                Finding(call, evidence, answer.result, answer.external_request_id)
-            )
-        elif decision is Decision.CONFIRM_FAILURE:
-            batch.failures.append(
-                Finding(call, evidence, answer.result, answer.external_request_id, _error(answer))
-            )
-        elif decision is Decision.RETRY and capability is not None:
-            delay = backoff_seconds(call.reconcile_attempts + 1, capability.reconcile)
-            batch.retries.append(Retry(call, delay, evidence, answer.error))
-        else:
-            batch.escalations.append(
-                (call, verdict.reason, self._dossier(call, capability, answer))
-            )
-
     async def _compensate(
-        self, call: DueCall, capability: Capability, answer: Answer, evidence: dict[str, Any]
-    ) -> tuple[str, Any]:
+        self, call: DueCall, capability: Capability, answer: Answer, evidence: Mapping[str, Any]
+    ) -> Compensated | Retry | Escalation:
+        """Ask the provider to undo the effect ``answer`` found, and rule on its reply."""
+        pending = Compensation(call, capability, answer, evidence)
         external_id = answer.external_request_id or call.external_request_id
         if external_id is None:
-            why = "compensation needed, but the provider's request id is unknown"
-            return "escalate", (call, why, self._dossier(call, capability, answer))
+            return unaddressed(pending)
         try:
             async with self._in_flight:
                 reply = await self._lookup.compensate(
@@ -271,84 +222,10 @@ class Reconciler:
             reply = CompensationAnswer(
                 Reversal.UNKNOWN, error=f"compensation: {type(exc).__name__}"
             )
-        evidence = {**evidence, "compensation": reply.evidence()}
-        if reply.outcome is Reversal.DONE:
-            result = {"effect": answer.result, "reversal": reply.body}
-            return "compensated", Finding(call, evidence, result, external_id)
-        if reply.outcome is Reversal.REFUSED:
-            dossier = {**self._dossier(call, capability, answer), "compensation": evidence}
-            return "escalate", (call, f"the compensation failed: {reply.error}", dossier)
-        verdict = retry_or_escalate(
-            self._situation(call, capability),
-            capability.reconcile,
-            "the compensation got no definitive answer",
-        )
-        if verdict.decision is Decision.ESCALATE:
-            dossier = {**self._dossier(call, capability, answer), "compensation": evidence}
-            return "escalate", (call, verdict.reason, dossier)
-        delay = backoff_seconds(call.reconcile_attempts + 1, capability.reconcile)
-        return "retry", Retry(call, delay, evidence, reply.error)
-
-    def _dossier(
-        self, call: DueCall, capability: Capability | None, answer: Answer
-    ) -> dict[str, Any]:
-        """What the on-call engineer needs beyond the call's own history."""
-        return {
-            "lastAnswer": answer.evidence(),
-            "providerLookup": [
-                f"GET {url}"
-                for url in lookup_urls(
-                    capability,
-                    answer.external_request_id or call.external_request_id,
-                    call.provider_key,
-                )
-            ]
-            if capability is not None
-            else [],
-            "policy": capability.reconcile.model_dump(by_alias=True, mode="json")
-            if capability is not None
-            else None,
-        }
-
-    async def _record(self, batch: _Batch, tally: Tally) -> None:
-        writer = self._writer
-        async with self._sessions() as session, session.begin():
-            confirmed = await writer.confirm(session, batch.successes, succeeded=True)
-            refuted = await writer.confirm(session, batch.failures, succeeded=False)
-            retried = await writer.retry(session, batch.retries)
-            tally.add("confirmed_success", len(confirmed))
-            tally.add("confirmed_failure", len(refuted))
-            tally.add("retry_later", len(retried))
-            lost = (
-                len(batch.successes)
-                + len(batch.failures)
-                + len(batch.retries)
-                - len(confirmed)
-                - len(refuted)
-                - len(retried)
-            )
-            for finding in batch.compensated:
-                ok = await self._fenced(session, writer.compensated(session, finding))
-                tally.add("compensated" if ok else "taken_over")
-            for call, reason, dossier in batch.escalations:
-                ok = await self._fenced(
-                    session, writer.escalate(session, call, reason=reason, evidence=dossier)
-                )
-                tally.add("escalated" if ok else "taken_over")
-            tally.add("taken_over", lost)
-
-    @staticmethod
-    async def _fenced(session: AsyncSession, write: Any) -> bool:
-        """Run one per-call write in a savepoint; False when the call was taken over."""
-        try:
-            async with session.begin_nested():
-                await write
-        except TransitionConflict:
-            return False
-        return True
+        return after_reversal(pending, reply, external_id)
 
     async def _redispatch(
-        self, call: DueCall, capability: Capability, evidence: dict[str, Any]
+        self, call: DueCall, capability: Capability, evidence: Mapping[str, Any]
     ) -> bool:
         """Send the call again with its own key: claim (point A, committed), send,
         record (point B, fenced), exactly as a worker does."""
@@ -371,20 +248,6 @@ class Reconciler:
         async with self._in_flight:
             await self._executor.run(claim)
         return True
-
-
-def _error(answer: Answer) -> str:
-    return answer.error or f"provider reports {answer.observation.value}"
-
-
-def _put(batch: _Batch, item: tuple[str, Any]) -> None:
-    kind, value = item
-    if kind == "compensated":
-        batch.compensated.append(value)
-    elif kind == "retry":
-        batch.retries.append(value)
-    else:
-        batch.escalations.append(value)
 
 
 async def reconcile_once(

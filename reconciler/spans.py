@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import telemetry
 from dispatcher.tracing import call_attributes, tracer
 from reconciler.due import DueCall, about
+from reconciler.rulings import Compensated, Escalation, Retry
 
 T = TypeVar("T")
 
@@ -51,15 +52,19 @@ async def in_call_span(
 def _found(result: object) -> str | None:
     """What a step found: a lookup's observation, a compensation's next step, or a
     re-send's ``taken_over`` (another owner had the call)."""
-    if result is False:
-        return "taken_over"
-    if isinstance(result, tuple) and len(result) == 2:
-        first, second = result
-        if isinstance(first, str):
-            return first
-        observation = getattr(second, "observation", None)
-        if observation is not None:
-            return str(observation.value)
+    match result:
+        case False:
+            return "taken_over"
+        case Compensated():
+            return "compensated"
+        case Retry():
+            return "retry"
+        case Escalation():
+            return "escalate"
+        case tuple((_, answer)):
+            observation = getattr(answer, "observation", None)
+            if observation is not None:
+                return str(observation.value)
     return None
 
 

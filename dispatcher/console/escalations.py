@@ -34,7 +34,7 @@ FILTERS: dict[str, tuple[EscalationStatus, ...]] = {
     "resolved": (E.RESOLVED,),
     "all": tuple(E),
 }
-# The reconciler's dossier (reconciler/loop.py), titled for a human; any other key
+# The reconciler's dossier (reconciler/rulings.py), titled for a human; any other key
 # (the caller's own evidence) is shown under its own name.
 EVIDENCE_TITLES = {
     "lastAnswer": "The provider's last answer",

@@ -28,6 +28,7 @@ from dispatcher.control.statuses import escalation_update
 from dispatcher.db.tables import escalations, execution_events, tool_calls
 from dispatcher.errors import EscalationAlreadyResolved, EscalationNotFound
 from dispatcher.ledger.events import CallContext, EventType, event_row, record_events
+from dispatcher.ledger.leases import LEASE_RELEASED
 from dispatcher.ledger.messages import EscalationMessage, Producer, enqueue, escalation_message
 from dispatcher.ledger.transitions import Fence, move
 from dispatcher.metrics import ESCALATIONS_OPENED
@@ -96,8 +97,7 @@ async def escalate(
             "verification_status": VerificationStatus.INCONCLUSIVE,
             "reconciliation_status": ReconciliationStatus.ESCALATED,
             "next_reconcile_at": None,
-            "lease_owner": None,
-            "lease_expires_at": None,
+            **LEASE_RELEASED,
             **dict(fields or {}),
         },
         payload={"reason": reason, "escalationId": escalation_id},

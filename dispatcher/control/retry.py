@@ -22,6 +22,7 @@ from dispatcher.db.tables import tool_calls
 from dispatcher.errors import RetryNotAllowed, RunStopped, ToolCallNotFound
 from dispatcher.intake.approvals import approval_ref
 from dispatcher.ledger.events import EventType
+from dispatcher.ledger.leases import LEASE_RELEASED
 from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
 from dispatcher.ledger.transitions import move
 from dispatcher.schemas import RetryRequest, ToolCallView
@@ -89,8 +90,7 @@ async def retry_call(
         "verification_status": VerificationStatus.NOT_OBSERVED,
         "reconciliation_status": ReconciliationStatus.NOT_NEEDED,
         "next_reconcile_at": None,
-        "lease_owner": None,
-        "lease_expires_at": None,
+        **LEASE_RELEASED,
         "completed_at": None,
         "last_error": None,
     }

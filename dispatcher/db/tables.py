@@ -93,8 +93,8 @@ tool_calls = Table(
     Column("reconcile_attempts", Integer, nullable=False, server_default="0"),
     Column("next_reconcile_at", DateTime(timezone=True)),
     # Set when the call's effect must be undone if it happened (a stopped run, a
-    # cancelled call); the reconciler compensates instead of confirming. Issue 6 sets it
-    # through dispatcher.control.compensation.request_compensation.
+    # cancelled call); the reconciler compensates instead of confirming. Stopping a run
+    # sets it, through dispatcher.ledger.marks.mark_for_compensation.
     Column("compensation_requested_at", DateTime(timezone=True)),
     Column("lease_owner", Text),
     Column("lease_expires_at", DateTime(timezone=True)),

@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 import orjson
-from sqlalchemy import insert
+from sqlalchemy import ColumnElement, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import outbox
@@ -81,6 +81,13 @@ async def enqueue(session: AsyncSession, rows: Sequence[Mapping[str, Any]]) -> N
     if rows:
         # A list of parameter sets, not .values(list): the compiled statement is cached.
         await session.execute(insert(outbox), list(rows))
+
+
+def tenant_rows(tenant: str) -> ColumnElement[bool]:
+    """Outbox rows of ``tenant``: every message tool-dispatcher writes names its tenant
+    in the payload (the outbox itself knows no tenants)."""
+    mine: ColumnElement[bool] = outbox.c.payload["tenant"].astext == tenant
+    return mine
 
 
 _COMMAND_FIELDS = {

@@ -15,7 +15,7 @@ from sqlalchemy import ColumnElement, Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import outbox
-from dispatcher.views.overview import tenant_rows
+from dispatcher.ledger.messages import tenant_rows
 from outbox_relay import DeadLetter
 
 

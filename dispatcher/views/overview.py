@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import approvals, escalations, outbox, tool_calls
+from dispatcher.ledger.messages import tenant_rows
 from dispatcher.states import ApprovalStatus, EscalationStatus, ExecutionStatus
 
 _UNRESOLVED = (EscalationStatus.OPEN.value, EscalationStatus.ACKNOWLEDGED.value)
@@ -51,13 +52,6 @@ async def nav_counts(session: AsyncSession, tenant: str) -> NavCounts:
     )
     row = (await session.execute(select(open_escalations, pending))).one()
     return NavCounts(escalations=row[0], approvals=row[1])
-
-
-def tenant_rows(tenant: str) -> ColumnElement[bool]:
-    """Outbox rows of ``tenant``: every message tool-dispatcher writes names its tenant
-    in the payload (the outbox itself knows no tenants)."""
-    mine: ColumnElement[bool] = outbox.c.payload["tenant"].astext == tenant
-    return mine
 
 
 async def load_overview(session: AsyncSession, tenant: str) -> Overview:

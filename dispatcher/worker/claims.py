@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from dispatcher.capabilities import Capability
 from dispatcher.db.tables import tool_calls
 from dispatcher.ledger.events import CallContext, EventType
+from dispatcher.ledger.leases import take_lease
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import BulkMove, move_many
 from dispatcher.settings import Topics
@@ -115,8 +116,7 @@ async def claim_calls(
     """
     leased = by_capability("leases", leases)
     fields: dict[str, Any] = {
-        "lease_owner": owner,
-        "lease_expires_at": func.now() + seconds_of(leased),
+        **take_lease(owner, func.now() + seconds_of(leased)),
         # A re-send keeps the first dispatch time: the provider's idempotency window is
         # counted from it.
         "dispatched_at": func.coalesce(tool_calls.c.dispatched_at, func.now())

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import tool_calls
 from dispatcher.ledger.events import EventType
+from dispatcher.ledger.leases import LEASE_RELEASED
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.routed import Divert, Route, RoutedMove, move_each
 from dispatcher.ledger.transitions import BulkMove, Moved, move_many
@@ -30,8 +31,6 @@ from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
 from dispatcher.worker.claims import Claim, by_capability, seconds_of
-
-_RELEASED: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +184,7 @@ class OutcomeRecorder:
             routes=_routes(sent),
             producer=self.producer,
             lease_owner=self.owner,
-            fields=_RELEASED,
+            fields=LEASE_RELEASED,
             divert=_STOPPED_RUN,
             topics=self.topics,
         )

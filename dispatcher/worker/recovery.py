@@ -1,4 +1,4 @@
-"""Crash recovery: the seed lesson's three-way rule, as code.
+"""Crash recovery: the three-way rule, as code.
 
 A worker that dies between point A (claim committed) and point B (outcome committed)
 leaves its call in ``dispatching`` with a lease that runs out. For such a call:
@@ -28,6 +28,7 @@ from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.tables import tool_calls
 from dispatcher.errors import CapabilityNotFound
 from dispatcher.ledger.events import EventType
+from dispatcher.ledger.leases import LEASE_RELEASED
 from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
 from dispatcher.ledger.transitions import Fence, move
 from dispatcher.metrics import RECOVERIES
@@ -124,10 +125,6 @@ def _why(m: RowMapping, rule: Recovery) -> dict[str, Any]:
     }
 
 
-# The dead worker's lease goes with the claim.
-_RELEASED = {"lease_owner": None, "lease_expires_at": None}
-
-
 async def _mark_unknown(session: AsyncSession, m: RowMapping, topics: Topics) -> None:
     await move(
         session,
@@ -141,7 +138,7 @@ async def _mark_unknown(session: AsyncSession, m: RowMapping, topics: Topics) ->
         payload=_why(m, Recovery.MARK_UNKNOWN),
         fence=Fence(m["lease_owner"], m["version"]),
         fields={
-            **_RELEASED,
+            **LEASE_RELEASED,  # the dead worker's lease goes with its claim
             "last_error": "worker_lost: outcome not recorded",
             "reconciliation_status": ReconciliationStatus.PENDING,
             "verification_status": VerificationStatus.PENDING,
@@ -162,7 +159,7 @@ async def _redispatch(session: AsyncSession, m: RowMapping, topics: Topics) -> N
         producer=Producer.RECOVERY,
         topics=topics,
         payload=_why(m, Recovery.REDISPATCH),
-        fields=_RELEASED,
+        fields=LEASE_RELEASED,
         fence=Fence(m["lease_owner"], m["version"]),
     )
     command = DispatchCommand.build(

@@ -7,7 +7,10 @@ import pytest
 
 import telemetry
 from dispatcher.settings import Settings
+from dispatcher.states import ExecutionStatus as S
 from dispatcher.tracing import call_attributes, trace_headers
+from reconciler.due import DueCall
+from reconciler.rulings import Compensated, Escalation, Retry, Settlement
 from reconciler.spans import _found
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -75,7 +78,12 @@ def test_a_reconciler_span_names_what_its_step_found() -> None:
         class observation:
             value = "found_succeeded"
 
+    call = DueCall(
+        "tc-1", "acme", "run-1", "refund", S.RESULT_UNKNOWN, "k", None, 2, 0, 1, 0, False, None
+    )
     assert _found((None, Answer())) == "found_succeeded"
-    assert _found(("escalate", object())) == "escalate"
+    assert _found(Escalation(call, "why", {})) == "escalate"
+    assert _found(Retry(call, 1.0, {})) == "retry"
+    assert _found(Compensated(Settlement(call, {}))) == "compensated"
     assert _found(False) == "taken_over"
     assert _found(True) is None
