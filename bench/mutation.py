@@ -62,15 +62,14 @@ class Target:
 _WORKER = (
     "tests/worker/test_execution.py",
     "tests/worker/test_execution_batch.py",
-    "tests/worker/test_mutation_outcomes.py",
-    "tests/worker/test_mutation_executor.py",
+    "tests/worker/test_resend_settlement.py",
+    "tests/worker/test_outcome_batches.py",
+    "tests/worker/test_claim_and_record.py",
     "tests/worker/test_fencing.py",
 )
 TARGETS: dict[str, Target] = {
     # Provider classification: which answers are definitive, which are "sent, unknown".
-    "dispatcher/provider/contract.py": Target(
-        ("tests/unit/test_provider_contract.py", "tests/unit/test_mutation_contract.py"), 40
-    ),
+    "dispatcher/provider/contract.py": Target(("tests/unit/test_provider_contract.py",), 40),
     # The one place "not sent" is decided, and nothing sent twice behind our back.
     "dispatcher/provider/transport.py": Target(
         (
@@ -83,66 +82,74 @@ TARGETS: dict[str, Target] = {
     "dispatcher/provider/client.py": Target(
         (
             "tests/unit/test_provider_contract.py",
-            "tests/unit/test_mutation_client.py",
+            "tests/unit/test_provider_answers.py",
             *_WORKER,
             "tests/worker/test_provider_credentials.py",
-            "tests/unit/test_mutation_client_backoff.py",
+            "tests/unit/test_provider_backoff.py",
         ),
         140,
     ),
     # Point A (the claim, before the send) and point B (the outcome, after it).
-    "dispatcher/worker/claims.py": Target(("tests/unit/test_mutation_claims.py", *_WORKER), 100),
+    "dispatcher/worker/claims.py": Target(("tests/unit/test_claim_lease.py", *_WORKER), 100),
     "dispatcher/worker/executor.py": Target(_WORKER, 140),
     "dispatcher/worker/outcomes.py": Target(_WORKER, 120),
     # Recovery of lapsed leases and redrive of commands the broker never delivered.
     "dispatcher/worker/recovery.py": Target(
-        (
-            "tests/unit/test_recovery_rule.py",
-            "tests/worker/test_recovery.py",
-            "tests/worker/test_mutation_recovery.py",
-        ),
-        120,
+        ("tests/unit/test_recovery_rule.py", "tests/worker/test_recovery.py"), 120
     ),
-    "dispatcher/worker/redrive.py": Target(
-        ("tests/worker/test_redrive.py", "tests/worker/test_mutation_redrive.py"), 120
-    ),
+    "dispatcher/worker/redrive.py": Target(("tests/worker/test_redrive.py",), 120),
     # The relay's publish and settle. The broker fault tests start a broker of their
-    # own each (seconds a run): only the mutation tests' one is here.
+    # own each (seconds a run): only the one of rows not acknowledged is here.
     "outbox_relay/relay.py": Target(
         (
             "tests/unit/test_relay_backoff.py",
-            "tests/unit/test_mutation_relay.py",
+            "tests/unit/test_relay_units.py",
             "tests/relay/test_relay_publish.py",
-            "tests/relay/test_mutation_relay_publish.py",
+            "tests/relay/test_relay_leases.py",
+            "tests/relay/test_relay_broker.py::test_rows_not_acknowledged_are_recorded_and_reported",
             "tests/relay/test_relay_dead_letters.py",
             "tests/relay/test_relay_retention.py",
         ),
         140,
         broker=True,
     ),
-    "outbox_relay/schedule.py": Target(("tests/unit/test_mutation_relay.py",), 10),
+    "outbox_relay/schedule.py": Target(("tests/unit/test_relay_units.py",), 10),
     "outbox_relay/settle.py": Target(("tests/unit/test_relay_units.py",), 30),
     # Intake's key and fingerprint, and what an approval binds itself to.
     # Pure functions: their unit tests alone (the intake tests take a database each).
-    "dispatcher/intake/keys.py": Target(("tests/unit/test_mutation_keys.py",), 40),
+    "dispatcher/intake/keys.py": Target(("tests/unit/test_idempotency_keys.py",), 40),
     "dispatcher/intake/approvals.py": Target(
         ("tests/control/test_approvals.py", "tests/control/test_approval_in_view.py"), 60
     ),
     "dispatcher/control/approvals.py": Target(
-        ("tests/control/test_mutation_approvals.py", "tests/control/test_approvals.py"), 140
+        ("tests/control/test_approval_lifecycle.py", "tests/control/test_approvals.py"), 140
     ),
     # The reconciler's policy, its re-send and the writes that settle a call.
-    "reconciler/policy.py": Target(
-        ("tests/unit/test_reconcile_policy.py", "tests/unit/test_mutation_policy.py"), 60
-    ),
+    "reconciler/policy.py": Target(("tests/unit/test_reconcile_policy.py",), 60),
     "reconciler/loop.py": Target(
-        ("tests/reconciler/test_reconciler.py", "tests/reconciler/test_mutation_loop.py"), 140
+        (
+            "tests/reconciler/test_reconciler.py",
+            "tests/reconciler/test_reconciler_reversals.py",
+            "tests/reconciler/test_reconciler_passes.py",
+        ),
+        90,
     ),
-    "reconciler/settle.py": Target(
-        ("tests/reconciler/test_reconciler.py", "tests/reconciler/test_mutation_settle.py"), 120
+    "reconciler/rulings.py": Target(
+        (
+            "tests/reconciler/test_reconciler.py",
+            "tests/reconciler/test_reconciler_reversals.py",
+            "tests/reconciler/test_reconciler_passes.py",
+        ),
+        50,
+    ),
+    "reconciler/record.py": Target(
+        ("tests/reconciler/test_reconciler.py", "tests/reconciler/test_reconciler_writes.py"), 70
+    ),
+    "dispatcher/ledger/marks.py": Target(
+        ("tests/reconciler/test_reconciler.py", "tests/reconciler/test_reconciler_writes.py"), 50
     ),
     "dispatcher/control/escalations.py": Target(
-        ("tests/control/test_mutation_escalations.py", "tests/control/test_escalations.py"), 140
+        ("tests/control/test_escalation_lifecycle.py", "tests/control/test_escalations.py"), 140
     ),
 }
 

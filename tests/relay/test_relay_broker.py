@@ -1,5 +1,6 @@
 """The broker goes away mid-stream and comes back empty (Tansu keeps nothing): rows it
-never acknowledged stay unmarked and are published again, none lost."""
+never acknowledged stay unmarked and are published again, none lost; each failure is
+recorded on its row and reported, with no transaction held open while the relay waits."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import REGISTRY
 
 from dispatcher.testing.databases import unique_name
 from dispatcher.testing.embedded import Tansu
-from outbox_relay.relay import TRANSIENT, Relay
+from outbox_relay.relay import TRANSIENT, Relay, TransientPublishError
 from tests.fixtures.relay import (
     RunningRelay,
     TopicReader,
@@ -24,6 +26,10 @@ from tests.fixtures.relay import (
 from tests.fixtures.waiting import eventually
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kafka]
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, {"table": "outbox", **labels}) or 0.0
 
 
 @pytest.fixture
@@ -152,3 +158,43 @@ async def test_broker_outage_marks_nothing_and_catches_up(
         await scalar(database_url, "SELECT count(*) FROM outbox WHERE dead_lettered_at IS NOT NULL")
         == 0
     )
+
+
+async def test_rows_not_acknowledged_are_recorded_and_reported(
+    database_url: str, own_broker: Tansu
+) -> None:
+    topic = unique_name("relay-unacked-report")
+    config = relay_config(database_url, own_broker.bootstrap, request_timeout_ms=1000)
+    transient = _sample("outbox_relay_publish_errors_total", kind="transient")
+    async with Relay(config) as relay:
+        await relay.heartbeat()
+        await insert(database_url, [message(topic, "k0", 0)])
+        assert (await relay.run_once()).published == 1  # the topic's metadata is known
+
+        own_broker.stop(kill=True)
+        await insert(database_url, [message(topic, f"k{i % 2}", i) for i in range(1, 4)])
+        batch = asyncio.create_task(relay.run_once())
+        # While it waits for the broker, the relay holds no transaction open (its
+        # statements commit one by one): a long one would hold back vacuum. Recording
+        # the failures afterwards is one short transaction: only one open for longer
+        # than a poll could see counts.
+        open_transactions = "SELECT count(*) FROM pg_stat_activity " + (
+            "WHERE datname = current_database() AND state LIKE 'idle in transaction%%'"
+            " AND xact_start < now() - interval '200 milliseconds'"
+        )
+        while not batch.done():
+            assert await scalar(database_url, open_transactions) == 0
+            await asyncio.sleep(0.02)
+        with pytest.raises(TransientPublishError) as raised:
+            await batch
+
+    first = await scalar(database_url, "SELECT min(id) FROM outbox WHERE published_at IS NULL")
+    error = await scalar(database_url, "SELECT last_error FROM outbox WHERE id = %s", first)
+    assert str(raised.value) == f"3 row(s) not acknowledged, first id {first}: {error}"
+    assert raised.value.published == 0
+    # Each failure is recorded on its row, none marked.
+    assert await scalar(
+        database_url,
+        "SELECT array_agg(attempts ORDER BY id) FROM outbox WHERE published_at IS NULL",
+    ) == [1, 1, 1]
+    assert _sample("outbox_relay_publish_errors_total", kind="transient") == transient + 3

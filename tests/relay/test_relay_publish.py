@@ -239,3 +239,13 @@ async def test_the_relay_commits_without_waiting_for_the_wal_flush(
     async with await psycopg.AsyncConnection.connect(database_url) as other:
         cur = await other.execute("SHOW synchronous_commit")
         assert await cur.fetchone() == ("on",)
+
+
+async def test_a_batch_reads_at_most_batch_size_rows(
+    database_url: str, kafka_bootstrap: str
+) -> None:
+    topic = unique_name("relay-batch")
+    await insert(database_url, [message(topic, f"k{i}", i) for i in range(5)])
+    async with Relay(relay_config(database_url, kafka_bootstrap, batch_size=2)) as relay:
+        await relay.heartbeat()
+        assert [(await relay.run_once()).read for _ in range(4)] == [2, 2, 1, 0]

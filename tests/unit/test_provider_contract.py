@@ -17,6 +17,7 @@ from dispatcher.provider.contract import (
     external_request_id,
     read_object,
     state_of,
+    status_word,
 )
 from dispatcher.provider.transport import Reply, Transport
 from reconciler.lookup import ProviderLookup, _classify
@@ -90,3 +91,8 @@ def test_a_credential_travels_as_a_bearer_token_of_its_own_capability() -> None:
     assert credential_headers(secrets, "other") == {}
     lookup = ProviderLookup(Transport(), secrets)
     assert lookup._headers(CAPABILITY, "acme") == {"Authorization": "Bearer s3cret"}
+
+
+def test_an_absent_status_reads_as_the_empty_word() -> None:
+    assert status_word({}) == ""
+    assert status_word({"status": "Completed"}) == "completed"

@@ -1,5 +1,6 @@
 """Re-driving authorized calls whose dispatch command the broker lost: on real
-PostgreSQL, and end to end with real relay and worker processes on a real broker."""
+PostgreSQL, and end to end with real relay and worker processes on a real broker. Which
+authorized calls one redrive takes, and that it reads and writes the topics it is given."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry, load_registry
 from dispatcher.db.tables import execution_events, outbox, tool_calls
-from dispatcher.settings import DEFAULT_TOPICS
+from dispatcher.ledger.messages import Producer, ce_source, enqueue, outbox_row
+from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.tenancy import ordering_key
 from dispatcher.testing.registries import capability, registry_of
 from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker import redrive as redrive_module
 from dispatcher.worker.redrive import redrive_stale
-from tests.fixtures.calls import submit_call
-from tests.fixtures.rows import call_row
+from tests.fixtures.calls import insert_call, submit_call
+from tests.fixtures.rows import call_row, event_types, outbox_rows
 from tests.fixtures.sandbox import at_provider, books
 from tests.fixtures.stack import MakeStack
 from tests.fixtures.waiting import eventually
@@ -28,6 +30,9 @@ from tests.fixtures.waiting import eventually
 pytestmark = pytest.mark.postgres
 
 TOPIC = DEFAULT_TOPICS.dispatch
+Sessions = async_sessionmaker[AsyncSession]
+# Topics of this deployment's own: redrive must read and write where it is told to.
+SITE_TOPICS = Topics(dispatch="site.commands", events="site.events", escalations="site.escalations")
 
 
 @pytest.fixture
@@ -248,3 +253,59 @@ async def test_a_redriven_command_carries_the_calls_stored_trace_context(
             )
         ).scalars()
     assert [h.get("traceparent") for h in headers] == [None, parent]
+
+
+async def authorized(sessions: Sessions, seconds_ago: int) -> str:
+    """An authorized call with no dispatch command at all, authorized ``seconds_ago``."""
+    return await insert_call(
+        sessions,
+        "authorized",
+        cap_id="refund",
+        updated_at=text(f"now() - interval '{seconds_ago} seconds'"),
+    )
+
+
+async def redrive_to_site(sessions: Sessions, **kw: int) -> list[str]:
+    return await redrive_stale(sessions, topics=SITE_TOPICS, older_than_seconds=60, **kw)
+
+
+async def test_a_stale_call_gets_a_command_from_the_redriver_on_its_topics(
+    sessions: Sessions,
+) -> None:
+    call = await authorized(sessions, 120)
+    young = await authorized(sessions, 5)
+
+    assert await redrive_to_site(sessions) == [call]
+
+    [command] = await outbox_rows(sessions, SITE_TOPICS.dispatch)
+    assert command["key"] == ordering_key("acme", call)
+    assert command["headers"]["ce_source"] == ce_source(Producer.REDRIVE)
+    assert [r["key"] for r in await outbox_rows(sessions, SITE_TOPICS.events)] == [
+        ordering_key("acme", "run-1")
+    ]
+    assert (await event_types(sessions, call))[-1] == "tool.call.redriven"
+    assert await event_types(sessions, young) == []
+
+
+async def test_only_a_command_on_the_dispatch_topic_counts_as_one_in_flight(
+    sessions: Sessions,
+) -> None:
+    call = await authorized(sessions, 120)
+    other = outbox_row(
+        topic="site.audit",
+        key=ordering_key("acme", call),
+        type="x",
+        source="/x",
+        payload={"tenant": "acme"},
+    )
+    async with sessions() as session, session.begin():
+        await enqueue(session, [other])
+
+    assert await redrive_to_site(sessions) == [call]
+
+
+async def test_one_redrive_takes_at_most_its_limit(sessions: Sessions) -> None:
+    calls = {await authorized(sessions, 120), await authorized(sessions, 90)}
+    first = await redrive_to_site(sessions, limit=1)
+    assert len(first) == 1
+    assert set(first + await redrive_to_site(sessions)) == calls

@@ -1,6 +1,5 @@
-"""The request fingerprint is the hash of one canonical JSON text, and the default key
-is built from each of the request's names: mutants of ``dispatcher/intake/keys.py``
-(``python -m bench.mutation --module dispatcher/intake/keys.py``)."""
+"""The request fingerprint is the hash of one canonical JSON text, and the default
+idempotency key is built from each of the request's names."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The worker's reading of each provider answer, status by status, and the pieces of a
-send that need no server: mutants of ``dispatcher/provider/client.py`` that the
-end-to-end execution tests let live, or reach only slowly
-(``python -m bench.mutation --module dispatcher/provider/client.py``)."""
+send that need no server: Retry-After, the trace of a call's attempts, an unsendable
+request."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """The executor's single-call and batch API, point A and point B, as their callers rely
 on them: a claim of a call that is not ``authorized`` is None, a recorded outcome is
 returned and written, the crash points are passed in order, a follow-up is scheduled
-after the capability's delay, every row goes to the configured topics. Mutants of
-``dispatcher/worker/executor.py``, ``outcomes.py`` and ``claims.py`` that the worker's
-other tests let live (``python -m bench.mutation --module ...``)."""
+after the capability's delay, every row goes to the configured topics, and an error the
+provider client does not know leaves the call in doubt."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""A claim's lease outlasts every attempt its retry policy allows: mutants of
-``dispatcher/worker/claims.py`` that the execution tests let live
-(``python -m bench.mutation --module dispatcher/worker/claims.py``)."""
+"""A claim's lease outlasts every attempt its retry policy allows, and is never shorter
+than the configured minimum."""
 
 from __future__ import annotations
 

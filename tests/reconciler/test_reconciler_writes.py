@@ -13,7 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.errors import TransitionConflict
 from dispatcher.settings import Topics
 from reconciler.due import DueCall, claim_due
-from reconciler.settle import Finding, Retry, Writer
+from reconciler.record import Writer
+from reconciler.rulings import Retry, Settlement
 from tests.fixtures.calls import insert_unknown_calls
 from tests.fixtures.rows import call_row, events_of, outbox_rows
 
@@ -38,11 +39,11 @@ async def writes_change_nothing(
 ) -> None:
     before = await call_row(sessions, call.tool_call_id)
     async with sessions() as session, session.begin():
-        assert await writer.confirm(session, [Finding(call, {})], succeeded=True) == []
+        assert await writer.confirm(session, [Settlement(call, {})], succeeded=True) == []
         assert await writer.retry(session, [Retry(call, 1.0, {})]) == []
     for write in (
         lambda s: writer.escalate(s, call, reason="r", evidence={}),
-        lambda s: writer.compensated(s, Finding(call, {})),
+        lambda s: writer.compensated(s, Settlement(call, {})),
     ):
         with pytest.raises(TransitionConflict):
             async with sessions() as session, session.begin():
@@ -73,7 +74,7 @@ async def test_compensated_records_the_reversal_and_keeps_the_known_request_id(
     evidence = {"decision": "compensate", "attempt": 1}
     async with sessions() as session, session.begin():
         await Writer("rec-b", TOPICS).compensated(
-            session, Finding(call, evidence, {"effect": 1}, None)
+            session, Settlement(call, evidence, {"effect": 1}, None)
         )
 
     row = await call_row(sessions, call.tool_call_id)
@@ -95,7 +96,7 @@ async def test_a_settlement_keeps_the_request_id_the_lookup_found(
     call = await claimed(sessions, "rec-b")  # sent, but the provider's id never came back
     async with sessions() as session, session.begin():
         await Writer("rec-b", TOPICS).compensated(
-            session, Finding(call, {}, {"effect": 1}, "req_found")
+            session, Settlement(call, {}, {"effect": 1}, "req_found")
         )
     assert (await call_row(sessions, call.tool_call_id))["external_request_id"] == "req_found"
 
@@ -106,7 +107,7 @@ async def test_confirm_and_escalate_publish_to_the_configured_topics(
     writer = Writer("rec-b", TOPICS)
     call = await claimed(sessions, "rec-b")
     async with sessions() as session, session.begin():
-        assert await writer.confirm(session, [Finding(call, {"n": 1})], succeeded=True) == [
+        assert await writer.confirm(session, [Settlement(call, {"n": 1})], succeeded=True) == [
             call.tool_call_id
         ]
     other = await claimed(sessions, "rec-b")

@@ -1,6 +1,7 @@
 """Approvals at the service level, on real PostgreSQL: two tenants' calls with one
 toolCallId are decided and expired apart; each refusal names what it refuses; the
-sweeper's boundary (due at its expiry instant), order, limit and skipping of a locked row."""
+sweeper's boundary (due at its expiry instant), order, limit and skipping of a locked row;
+the listing's order and limit; and the library's own check of the approve scope."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """How long the provider client waits between attempts, as the pure function it
 retries with: a throttled request waits the provider's Retry-After (capped by the
 policy), any other retried one backs off from the policy's initial backoff and never
-beyond its maximum. Mutants of ``dispatcher/provider/client.py`` that the
-answer-by-answer tests cannot see (``python -m bench.mutation --module
-dispatcher/provider/client.py``); no clock is read."""
+beyond its maximum. No clock is read."""
 
 from __future__ import annotations
 

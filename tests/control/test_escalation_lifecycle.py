@@ -1,6 +1,7 @@
 """The escalation queue's promises at the service level, on real PostgreSQL: a toolCallId
 is the tenant's own, so two tenants' calls with one id are escalated, acknowledged and
-resolved apart; what acknowledging and resolving record; the listing's order and limit."""
+resolved apart; what acknowledging and resolving record; the listing's order and limit;
+and what escalating clears from the call and keeps as evidence for a person."""
 
 from __future__ import annotations
 
