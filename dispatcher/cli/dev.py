@@ -15,7 +15,7 @@ from dispatcher.settings import Settings
 COMMANDS = ("up", "demo", "chaos")
 # The chaos harness's planted defects (dispatcher.testing.chaos.run.PLANTS; a test
 # keeps the two equal).
-PLANTS = ("blind-retry", "stale-fence")
+PLANTS = ("blind-retry", "stale-fence", "shared-keys")
 
 
 def add_parsers(sub: Any) -> None:

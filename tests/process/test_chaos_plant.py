@@ -6,6 +6,11 @@ off on purpose must fail on the invariant that guards it.
 - ``stale-fence``: workers fence their outcomes by the status alone, so a zombie woken up
   while another worker holds its read-only call records over that claim; invariant 7
   (every move out of a claim made by its holder at its version).
+- ``shared-keys``: every process of the service keys the outbox and the provider by the
+  names alone, without their tenant, so the two tenants' calls of one idempotency key
+  are one request to the provider, and a tenant's call waits behind the other tenant's
+  dead letter of the same toolCallId; invariant 8 (no tenant's call affected by
+  another tenant's).
 
 (The clean run is CI's: `tool-dispatcher chaos --duration 90 --seed 7`.)"""
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +76,23 @@ def test_stale_fence_is_reported_as_a_write_over_another_claim(
     stale = found["violations"]["7"]
     assert stale["count"] > 0, printed
     assert any("while the call was held by" in v for v in stale["samples"])
+
+
+def test_shared_keys_are_reported_as_calls_affected_by_another_tenants(
+    tmp_path: Path, pg_server_url: str, kafka_bootstrap: str
+) -> None:
+    # The tenants' ids meet from the first submissions, and the twin tenant's first
+    # oversized call (the 3rd submission) is followed 6 s later by the first tenant's
+    # call of the same toolCallId (dispatcher.testing.chaos.load).
+    found, printed = planted_run(tmp_path, pg_server_url, kafka_bootstrap, "shared-keys", 20)
+    foreign = found["violations"]["8"]
+    assert foreign["count"] > 0, printed
+    shared = r"provider key \S+ is the key of calls of 2 tenants \(chaos: .+; chaos/twin: .+\)"
+    assert any(re.fullmatch(shared + r", \d+ effect\(s\) applied under it", v)
+               for v in foreign["samples"]), printed  # fmt: skip
+    # Every row that waited behind a dead letter was another tenant's: the dead letters
+    # are the twin tenant's escalations, and nothing of its own follows one.
+    held = [v for v in foreign["samples"] if "waited behind dead letter" in v]
+    assert held, printed
+    assert len(held) == found["tenancy"]["rowsThatWaitedBehindThem"], printed
+    assert all(v.startswith("row ") and "of tenant chaos waited" in v for v in held)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,7 +18,15 @@ from dispatcher.schemas import EventView
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import VerificationStatus as V
 from dispatcher.testing.chaos import run
-from dispatcher.testing.chaos.checker import CallRecord, Evidence, check, unfenced
+from dispatcher.testing.chaos.checker import (
+    SIZE_ERROR,
+    CallRecord,
+    DeadLetterSeen,
+    Evidence,
+    Waiting,
+    check,
+    unfenced,
+)
 from dispatcher.testing.chaos.proxy import ProxyMode, TcpProxy
 from dispatcher.testing.chaos.schedule import FaultKind, applicable, plan
 
@@ -79,7 +88,7 @@ T = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def event(
-    call: str, event_type: str, n: int, producer: str = Producer.WORKER, **payload: Any
+    call: str | None, event_type: str, n: int, producer: str = Producer.WORKER, **payload: Any
 ) -> tuple[str, EventView]:
     return "t", EventView(
         event_id=f"{call}-{n}",
@@ -98,14 +107,20 @@ def event(
     )
 
 
-def completed_log(call: str) -> list[tuple[str, EventView]]:
-    return [
+def of(tenant: str, tagged: tuple[str, EventView]) -> tuple[str, EventView]:
+    """The event as ``tenant``'s."""
+    return tenant, tagged[1]
+
+
+def completed_log(call: str, tenant: str = "t") -> list[tuple[str, EventView]]:
+    log = [
         event(call, "tool.call.requested", 0),
         event(call, "tool.call.authorized", 1),
         claimed(call, 2, "w-1", 3),
         ended(call, 3, "w-1", 3),
         event(call, "tool.call.completed", 4, **{"from": ["accepted"]}, to="completed"),
     ]
+    return [of(tenant, e) for e in log]
 
 
 def claimed(call: str, n: int, worker: str, version: int) -> tuple[str, EventView]:
@@ -138,9 +153,9 @@ def call(
 
 def clean() -> Evidence:
     return Evidence(
-        acknowledged=["a"],
+        acknowledged=[("t", "a")],
         replay_mismatches=[],
-        calls={"a": call("a", S.COMPLETED)},
+        calls={("t", "a"): call("a", S.COMPLETED)},
         events=completed_log("a"),
         effects={"k-a": 1},
         reversals={},
@@ -152,29 +167,29 @@ def counts(evidence: Evidence) -> dict[int, int]:
 
 
 def test_a_clean_run_has_no_violations() -> None:
-    assert counts(clean()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0}
+    assert counts(clean()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
 
 
 def test_lost_submission_and_replay_mismatch_violate_1() -> None:
     evidence = clean()
-    evidence.acknowledged = ["a", "lost"]
+    evidence.acknowledged = [("t", "a"), ("t", "lost"), ("other", "a")]
     evidence.replay_mismatches = ["a answered 201 b"]
-    assert counts(evidence)[1] == 2
+    assert counts(evidence)[1] == 3
 
 
 def test_a_hostile_submission_not_refused_or_a_valid_one_refused_violates_6() -> None:
     evidence = clean()
     evidence.hostile_misanswered = ["nul_in_input b'{...}': 503 service_unavailable"]
     evidence.valid_refused = ['{"runId": ...}: 400 validation_failed']
-    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 2, 7: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 2, 7: 0, 8: 0}
 
 
 def test_stuck_calls_violate_2() -> None:
     evidence = clean()
-    evidence.calls = {"a": call("a", S.RESULT_UNKNOWN)}
+    evidence.calls = {("t", "a"): call("a", S.RESULT_UNKNOWN)}
     evidence.events = [*completed_log("a")[:3], event("a", "x", 9, to="result_unknown")]
     evidence.effects = {}
-    assert counts(evidence) == {1: 0, 2: 1, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0}
+    assert counts(evidence) == {1: 0, 2: 1, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
 
 
 @pytest.mark.parametrize(
@@ -192,11 +207,11 @@ def test_effects_that_disagree_with_the_status_violate_3(
     status: S, verification: V, effects: int, reversals: int
 ) -> None:
     evidence = clean()
-    evidence.calls = {"a": call("a", status, verification)}
+    evidence.calls = {("t", "a"): call("a", status, verification)}
     evidence.events = [*completed_log("a")[:3], event("a", "x", 9, to=status.value)]
     evidence.effects = {"k-a": effects}
     evidence.reversals = {"k-a": reversals}
-    assert counts(evidence) == {1: 0, 2: 0, 3: 1, 4: 0, 5: 0, 6: 0, 7: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 1, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
 
 
 def test_effect_under_a_key_no_call_has_violates_3() -> None:
@@ -208,7 +223,7 @@ def test_effect_under_a_key_no_call_has_violates_3() -> None:
 
 def test_read_only_calls_are_only_checked_for_duplicates() -> None:
     evidence = clean()
-    evidence.calls = {"a": call("a", S.FAILED, V.NOT_OBSERVED, side_effects=False)}
+    evidence.calls = {("t", "a"): call("a", S.FAILED, V.NOT_OBSERVED, side_effects=False)}
     evidence.events = [*completed_log("a")[:3], event("a", "x", 9, to="failed")]
     assert counts(evidence)[3] == 0
     evidence.effects = {"k-a": 2}
@@ -218,14 +233,180 @@ def test_read_only_calls_are_only_checked_for_duplicates() -> None:
 def test_status_the_log_does_not_reproduce_violates_4() -> None:
     evidence = clean()
     evidence.events = completed_log("a")[:3]
-    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 1, 5: 0, 6: 0, 7: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 1, 5: 0, 6: 0, 7: 0, 8: 0}
 
 
 def test_unpublished_rows_and_dead_letters_violate_5() -> None:
     evidence = clean()
     evidence.unpublished = 3
-    evidence.dead_letters = ["row 9 key a: too large"]
+    evidence.dead_letters = [dead_letter(9, "t", "a", error="InvalidTopicError")]
     assert counts(evidence)[5] == 2
+
+
+LIMIT = 1000
+
+
+def dead_letter(
+    row: int,
+    tenant: str,
+    call_id: str,
+    *,
+    size: int = LIMIT + 1,
+    error: str = f"{SIZE_ERROR}: The message is 1001 bytes",
+    waiting: tuple[Waiting, ...] = (),
+) -> DeadLetterSeen:
+    key = f"{tenant}/{call_id}"
+    return DeadLetterSeen(row, "escalations", key, tenant, call_id, size, error, waiting)
+
+
+def with_oversized(evidence: Evidence) -> Evidence:
+    """The load made call b of tenant t oversized on purpose: its escalation is dead
+    letter 9, shown to t's API key and discarded by it."""
+    evidence.oversized = {("t", "b")}
+    evidence.max_message_bytes = LIMIT
+    evidence.dead_letters = [dead_letter(9, "t", "b")]
+    evidence.listed = {"t": {9}, "u": set()}
+    evidence.discarded = {9: "200"}
+    return evidence
+
+
+def test_a_dead_letter_made_on_purpose_and_discarded_by_its_tenant_keeps_5() -> None:
+    assert counts(with_oversized(clean()))[5] == 0
+
+
+@pytest.mark.parametrize(
+    "dead",
+    [
+        dead_letter(9, "t", "a"),  # about a call the load did not make oversized
+        dead_letter(9, "u", "b"),  # another tenant's message about the same id
+        dead_letter(9, "t", "b", size=LIMIT),  # within the limit, refused all the same
+        dead_letter(9, "t", "b", error="InvalidTopicError: [Error 17]"),
+    ],
+)
+def test_a_dead_letter_the_run_did_not_cause_violates_5(dead: DeadLetterSeen) -> None:
+    evidence = with_oversized(clean())
+    evidence.dead_letters = [dead]
+    assert counts(evidence)[5] == 1
+
+
+@pytest.mark.parametrize(
+    ("listed", "discarded"),
+    [({"t": set()}, {9: "200"}), ({"t": {9}}, {9: "404"}), ({"t": {9}}, {})],
+)
+def test_a_dead_letter_its_tenant_was_not_shown_or_could_not_discard_violates_5(
+    listed: dict[str, set[int]], discarded: dict[int, str]
+) -> None:
+    evidence = with_oversized(clean())
+    evidence.listed, evidence.discarded = listed, discarded
+    assert counts(evidence)[5] == 1
+
+
+def twin(tenant: str, **changed: Any) -> CallRecord:
+    """Tenant's call x: the same runId, toolCallId and idempotency key as written in
+    every tenant, and a provider key, a request and a result of its own."""
+    record = CallRecord(
+        "x",
+        tenant,
+        "run-1",
+        S.COMPLETED,
+        V.CONFIRMED_SUCCESS,
+        f"{tenant}:k-x",
+        idempotency_key="k-x",
+        input={"orderId": "o-1", "amount": 1},
+        result={"echo": {"amount": 1, "orderId": "o-1"}},
+        external_request_id=f"req-{tenant}",
+    )
+    return replace(record, **changed)
+
+
+def twins(**changed: Any) -> Evidence:
+    """Tenants t and u with a call x each, kept apart (u's changed as given)."""
+    return Evidence(
+        acknowledged=[("t", "x"), ("u", "x")],
+        replay_mismatches=[],
+        calls={("t", "x"): twin("t"), ("u", "x"): twin("u", **changed)},
+        events=[*completed_log("x"), *completed_log("x", "u")],
+        effects={"t:k-x": 1, "u:k-x": 1},
+        reversals={},
+    )
+
+
+def test_tenants_whose_names_meet_kept_apart_keep_8() -> None:
+    assert counts(twins()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
+
+
+def test_one_provider_key_for_calls_of_two_tenants_violates_8() -> None:
+    """What keys without their tenant give: the provider takes u's request for t's."""
+    evidence = twins(provider_key="t:k-x", external_request_id="req-t")
+    found = check(evidence)[8]
+    assert found == [
+        "provider key t:k-x is the key of calls of 2 tenants (t: x; u: x),"
+        " 1 effect(s) applied under it",
+        "provider request req-t is the result of calls of 2 tenants (t: x; u: x)",
+    ]
+
+
+def test_a_result_echoing_another_body_than_the_calls_input_violates_8() -> None:
+    [found] = check(twins(input={"orderId": "o-1", "amount": 2}))[8]
+    assert found.startswith("u/x: its result echoes a body that is not its input")
+
+
+def test_an_act_by_another_tenants_key_violates_8() -> None:
+    evidence = twins()
+    by = {"name": "load of t", "tenant": "t", "via": "api"}
+    evidence.events = [
+        *evidence.events,
+        of("u", event(None, "run.stopped", 8, Producer.OPERATOR, by=by)),
+        event(None, "run.stopped", 9, Producer.OPERATOR, by=by),
+        of("u", event(None, "run.stopped", 10, Producer.OPERATOR, by={**by, "tenant": None})),
+    ]
+    assert check(evidence)[8] == ["u/run-1: run.stopped by load of t of tenant t"]
+
+
+def test_a_stop_that_reaches_another_tenants_run_of_the_same_name_violates_8() -> None:
+    evidence = twins()
+    requested = event("x", "tool.call.compensation_requested", 9)
+    evidence.events = [
+        *evidence.events,
+        event(None, "run.stopped", 8, Producer.OPERATOR),
+        requested,
+        of("u", requested),
+    ]
+    assert check(evidence)[8] == [
+        "u/x: tool.call.compensation_requested, and u never stopped run run-1"
+    ]
+    evidence.foreign_refusals = ["u: a submission to run run-1 refused as stopped"]
+    assert len(check(evidence)[8]) == 2
+
+
+def test_a_row_waiting_behind_another_tenants_dead_letter_violates_8() -> None:
+    evidence = with_oversized(twins())
+    waiting = (Waiting(11, "t"), Waiting(12, "u"))
+    evidence.dead_letters = [dead_letter(9, "t", "b", waiting=waiting)]
+    assert check(evidence)[8] == [
+        "row 12 of tenant u waited behind dead letter 9 of tenant t (key t/b)"
+    ]
+
+
+def test_another_tenants_dead_letter_shown_to_a_key_violates_8() -> None:
+    evidence = with_oversized(twins())
+    evidence.listed = {"t": {9}, "u": {9}}
+    assert check(evidence)[8] == ["tenant u's API key was shown dead letter 9 of tenant t"]
+
+
+def test_the_shared_keys_plant_refuses_to_arm_once_the_key_functions_were_taken() -> None:
+    """Rebound after a module took the real functions, it would be a partial plant."""
+    armed_late = (
+        "import dispatcher.ledger.events\n"
+        "from dispatcher.testing.chaos import shared_keys\n"
+        "shared_keys.arm()"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", armed_late], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 1
+    assert "loaded before the keys were rebound: " in done.stderr
+    assert "dispatcher.ledger.events" in done.stderr
 
 
 def test_a_claim_taken_over_and_ended_by_its_new_holder_keeps_7() -> None:
@@ -239,7 +420,7 @@ def test_a_claim_taken_over_and_ended_by_its_new_holder_keeps_7() -> None:
     assert unfenced(log) == []
     evidence = clean()
     evidence.events = log
-    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
 
 
 def test_a_stale_write_after_another_workers_claim_violates_7() -> None:
@@ -253,7 +434,7 @@ def test_a_stale_write_after_another_workers_claim_violates_7() -> None:
         ended("a", 5, "w-1", 3),  # w-1 woke up; w-2's own answer is fenced out after it
         event("a", "tool.call.completed", 6, **{"from": ["accepted"]}, to="completed"),
     ]
-    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 1}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 1, 8: 0}
     [found] = check(evidence)[7]
     assert "by w-1 for its claim at version 3" in found and "held by w-2 at version 5" in found
 
@@ -283,7 +464,7 @@ def test_an_outcome_not_by_the_claims_holder_at_its_version_violates_7(
 ) -> None:
     evidence = clean()
     evidence.events = [*completed_log("a")[:3], ended("a", 3, worker, version)]
-    evidence.calls = {"a": call("a", S.ACCEPTED, V.PENDING)}
+    evidence.calls = {("t", "a"): call("a", S.ACCEPTED, V.PENDING)}
     assert counts(evidence)[7] == 1
 
 

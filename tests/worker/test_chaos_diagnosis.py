@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.tables import outbox
 from dispatcher.settings import DEFAULT_TOPICS
+from dispatcher.tenancy import ordering_key
 from dispatcher.testing.chaos.diagnose import diagnose, worker_summary
 from dispatcher.testing.registries import capability, registry_of
 from tests.fixtures.calls import submit_call
@@ -54,7 +55,10 @@ async def test_a_stall_names_the_waiting_sessions_and_the_unclaimed_calls(
     async with sessions() as session, session.begin():
         await session.execute(
             update(outbox)
-            .where(outbox.c.key == published, outbox.c.topic == DEFAULT_TOPICS.dispatch)
+            .where(
+                outbox.c.key == ordering_key("acme", published),
+                outbox.c.topic == DEFAULT_TOPICS.dispatch,
+            )
             .values(published_at=text("now() - interval '7 seconds'"))
         )
     (tmp_path / "worker-0.log").write_text("")

@@ -1,8 +1,9 @@
-"""The seven invariants a chaos run must end with, checked against what the database
-recorded and what the provider (the sandbox) actually did.
+"""The eight invariants a chaos run must end with, checked against what the database
+recorded, what the provider (the sandbox) actually did and what the API answered.
 
-:func:`check` is pure (evidence in, violations out); :func:`gather` collects the
-evidence from the run's database and the sandbox.
+:func:`check` is pure (evidence in, violations out);
+:func:`dispatcher.testing.chaos.evidence.gather` collects the evidence from the run's
+database, the sandbox, the load and the dead letters the harness handled.
 """
 
 from __future__ import annotations
@@ -10,17 +11,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-import httpx
-from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncEngine
-
-from dispatcher.db.tables import escalations, execution_events, outbox, tool_calls
 from dispatcher.ledger.messages import Producer
 from dispatcher.schemas import EventView
 from dispatcher.states import SETTLED_STATES
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import VerificationStatus as V
+from dispatcher.testing.chaos.isolation import isolation
 from dispatcher.views.run_view import fold_run
 
 INVARIANTS: dict[int, str] = {
@@ -31,9 +29,15 @@ INVARIANTS: dict[int, str] = {
     5: "no outbox row left unpublished, no dead letter unexplained",
     6: "every hostile submission refused with a 4xx, no valid one refused as invalid",
     7: "every move out of a claim was made by the claim's holder at its version",
+    8: "no tenant's call is affected by another tenant's",
 }
 
 _NO_EFFECT = {S.FAILED, S.REJECTED, S.CANCELLED}
+SIZE_ERROR = "MessageSizeTooLargeError"
+"""What the relay records on a row the broker's client refuses for its size."""
+
+CallId = tuple[str, str]
+"""A call's name: ``(tenant, toolCallId)`` (a toolCallId alone is unique only per tenant)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,35 +47,87 @@ class CallRecord:
     run_id: str
     status: S
     verification: V
-    idempotency_key: str
+    provider_key: str
+    """The key the call is sent with (``tool_calls.provider_key``), which the
+    provider's books know it by."""
     side_effects: bool = True
     """A read-only call's request changes nothing: only deduplication is checked."""
+    idempotency_key: str = ""
+    """The key as the tenant wrote it (or its capability's template made it)."""
+    input: Mapping[str, Any] = field(default_factory=dict)
+    result: Any = None
+    """What the provider answered the call with (the sandbox echoes the body it applied)."""
+    external_request_id: str | None = None
+
+    @property
+    def name(self) -> CallId:
+        return (self.tenant, self.tool_call_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """An outbox row left unpublished behind a dead letter of its key."""
+
+    id: int
+    tenant: str | None
+    """The tenant its payload names."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterSeen:
+    """A dead-lettered outbox row as the harness found it, before handling it."""
+
+    id: int
+    topic: str
+    key: str
+    tenant: str | None
+    """The tenant its payload names (every message tool-dispatcher writes names one)."""
+    tool_call_id: str | None
+    """The call its payload is about (None for a run's events)."""
+    size: int
+    """Bytes of its key, payload and headers as stored (about what the broker is sent)."""
+    error: str | None
+    waiting: tuple[Waiting, ...] = ()
+    """The rows of its key that waited behind it when it was found."""
 
 
 @dataclass
 class Evidence:
     """Everything the invariants are checked against."""
 
-    acknowledged: Sequence[str]
-    """Tool-call ids the API answered with a 2xx."""
+    acknowledged: Sequence[CallId]
+    """Calls the API answered with a 2xx."""
     replay_mismatches: Sequence[str]
     """Replays answered with anything but the original call (described)."""
-    calls: Mapping[str, CallRecord]
+    calls: Mapping[CallId, CallRecord]
     events: Sequence[tuple[str, EventView]]
     """The whole event log, in order, each event with its tenant."""
     effects: Mapping[str, int]
     reversals: Mapping[str, int]
     unpublished: int = 0
-    dead_letters: Sequence[str] = field(default_factory=list)
+    dead_letters: Sequence[DeadLetterSeen] = ()
+    """Every dead letter the run made, those the harness discarded included."""
+    oversized: Collection[CallId] = ()
+    """Calls the load made too large to announce, on purpose."""
+    max_message_bytes: int | None = None
+    """The relay's limit on a message (None: its default, which nothing here exceeds)."""
+    listed: Mapping[str, Collection[int]] = field(default_factory=dict)
+    """The dead letters each tenant's API key was shown (by tenant)."""
+    discarded: Mapping[int, str] = field(default_factory=dict)
+    """What the API answered each discard of a dead letter by its tenant (by row id)."""
+    foreign_refusals: Sequence[str] = ()
+    """Submissions refused as ``run_stopped`` for a run their tenant never stopped."""
     commands_reemitted: int = 0
+    """Dispatch commands beyond each call's first (re-drives, read-only re-dispatches)."""
     taken_over: int = 0
     """Calls the recovery sweep took from a worker lost between claim and outcome."""
     escalation_reasons: Mapping[str, int] = field(default_factory=dict)
-    """Dispatch commands beyond each call's first (re-drives, read-only re-dispatches)."""
     hostile_misanswered: Sequence[str] = ()
     """Hostile submissions (the load's hostile_input share) answered other than 4xx."""
     valid_refused: Sequence[str] = ()
     """Valid submissions refused with a 4xx other than the load's own run stops."""
+    largest_published: int = 0
+    """Bytes of the largest message published (a figure: the limit's headroom)."""
 
 
 def unsettled(calls: Iterable[CallRecord]) -> list[CallRecord]:
@@ -82,42 +138,41 @@ def check(evidence: Evidence) -> dict[int, list[str]]:
     """Violations by invariant number (every invariant present, empty when it holds)."""
     violations: dict[int, list[str]] = {n: [] for n in INVARIANTS}
     calls = evidence.calls
-    with_events = {e.tool_call_id for _, e in evidence.events}
-    for call_id in evidence.acknowledged:
-        if call_id not in calls:
-            violations[1].append(f"{call_id}: acknowledged, not in the database")
-        elif call_id not in with_events:
-            violations[1].append(f"{call_id}: acknowledged, no events")
+    with_events = {(tenant, e.tool_call_id) for tenant, e in evidence.events}
+    for name in evidence.acknowledged:
+        shown = "/".join(name)
+        if name not in calls:
+            violations[1].append(f"{shown}: acknowledged, not in the database")
+        elif name not in with_events:
+            violations[1].append(f"{shown}: acknowledged, no events")
     violations[1] += [f"replay: {m}" for m in evidence.replay_mismatches]
 
     violations[2] = [
-        f"{c.tool_call_id}: stuck in {c.status.value}" for c in unsettled(calls.values())
+        f"{c.tenant}/{c.tool_call_id}: stuck in {c.status.value}" for c in unsettled(calls.values())
     ]
 
-    keys = {c.idempotency_key for c in calls.values()}
+    keys = {c.provider_key for c in calls.values()}
     for call in calls.values():
         violations[3] += _effects(
             call,
-            evidence.effects.get(call.idempotency_key, 0),
-            evidence.reversals.get(call.idempotency_key, 0),
+            evidence.effects.get(call.provider_key, 0),
+            evidence.reversals.get(call.provider_key, 0),
         )
     for key, applied in sorted(evidence.effects.items()):
         if key not in keys and applied:
             violations[3].append(f"key {key}: {applied} effect(s) that no call accounts for")
 
     violations[4] = _replayed(evidence.events, calls)
-
-    if evidence.unpublished:
-        violations[5].append(f"{evidence.unpublished} outbox row(s) never published")
-    violations[5] += [f"dead letter: {d}" for d in evidence.dead_letters]
+    violations[5] = outbox_left(evidence)
     violations[6] = [f"hostile: {h}" for h in evidence.hostile_misanswered]
     violations[6] += [f"valid refused: {v}" for v in evidence.valid_refused]
     violations[7] = unfenced(evidence.events)
+    violations[8] = isolation(evidence)
     return violations
 
 
 def _effects(call: CallRecord, applied: int, reversed_: int) -> list[str]:
-    who = f"{call.tool_call_id} ({call.status.value}, key {call.idempotency_key})"
+    who = f"{call.tenant}/{call.tool_call_id} ({call.status.value}, key {call.provider_key})"
     if applied > 1:
         return [f"{who}: applied {applied} times"]
     if not call.side_effects:
@@ -137,6 +192,36 @@ def _effects(call: CallRecord, applied: int, reversed_: int) -> list[str]:
     if reversed_ and call.status not in (S.COMPENSATED, S.ESCALATED):
         return [f"{who}: reversed {reversed_} time(s) but not compensated"]
     return []
+
+
+def explained(dead: DeadLetterSeen, oversized: Collection[CallId], limit: int | None) -> bool:
+    """A dead letter the run caused on purpose: a message about a call the load made
+    oversized, of that call's own tenant, larger than the relay's ``limit`` and refused
+    for its size. Anything else dead-lettered is a defect."""
+    return (
+        (dead.tenant, dead.tool_call_id) in oversized
+        and limit is not None
+        and dead.size > limit
+        and SIZE_ERROR in (dead.error or "")
+    )
+
+
+def outbox_left(evidence: Evidence) -> list[str]:
+    """Invariant 5: every row published or dead-lettered on purpose; each of those
+    shown to its own tenant's API key and discarded by it (the operator's way out,
+    which lets the rows of its key flow again)."""
+    found = []
+    if evidence.unpublished:
+        found.append(f"{evidence.unpublished} outbox row(s) never published")
+    for dead in evidence.dead_letters:
+        who = f"dead letter row {dead.id} key {dead.key} (tenant {dead.tenant})"
+        if not explained(dead, evidence.oversized, evidence.max_message_bytes):
+            found.append(f"{who}, {dead.size} bytes: {dead.error}")
+        elif dead.id not in evidence.listed.get(dead.tenant or "", ()):
+            found.append(f"{who}: its tenant's API key was not shown it")
+        elif evidence.discarded.get(dead.id) != "200":
+            found.append(f"{who}: its tenant's discard answered {evidence.discarded.get(dead.id)}")
+    return found
 
 
 def unfenced(events: Iterable[tuple[str, EventView]]) -> list[str]:
@@ -171,121 +256,21 @@ def unfenced(events: Iterable[tuple[str, EventView]]) -> list[str]:
 
 
 def _replayed(
-    events: Sequence[tuple[str, EventView]], calls: Mapping[str, CallRecord]
+    events: Sequence[tuple[str, EventView]], calls: Mapping[CallId, CallRecord]
 ) -> list[str]:
     by_run: dict[tuple[str, str], list[EventView]] = defaultdict(list)
     for tenant, event in events:
         by_run[(tenant, event.run_id)].append(event)
-    folded: dict[str, S] = {}
-    for (_, run_id), run_events in by_run.items():
+    folded: dict[CallId, S] = {}
+    for (tenant, run_id), run_events in by_run.items():
         for view in fold_run(run_id, run_events).tool_calls:
-            folded[view.tool_call_id] = view.status
+            folded[(tenant, view.tool_call_id)] = view.status
     found = []
     for call in calls.values():
-        replayed = folded.get(call.tool_call_id)
+        replayed = folded.get(call.name)
         if replayed is not call.status:
             shown = replayed.value if replayed else "nothing"
-            found.append(f"{call.tool_call_id}: status {call.status.value}, log says {shown}")
+            found.append(
+                f"{call.tenant}/{call.tool_call_id}: status {call.status.value}, log says {shown}"
+            )
     return found
-
-
-async def unsettled_count(engine: AsyncEngine) -> tuple[int, int]:
-    """Calls not yet settled, and outbox rows not yet published (settling progress)."""
-    async with engine.connect() as conn:
-        calls = (
-            await conn.execute(
-                select(func.count())
-                .select_from(tool_calls)
-                .where(tool_calls.c.status.not_in([s.value for s in SETTLED_STATES]))
-            )
-        ).scalar_one()
-        rows = (
-            await conn.execute(
-                select(func.count())
-                .select_from(outbox)
-                .where(outbox.c.published_at.is_(None), outbox.c.dead_lettered_at.is_(None))
-            )
-        ).scalar_one()
-    return int(calls), int(rows)
-
-
-async def gather(
-    engine: AsyncEngine,
-    sandbox_url: str,
-    acknowledged: Sequence[str],
-    replay_mismatches: Sequence[str],
-    *,
-    read_only: Collection[str],
-    dispatch_topic: str,
-    hostile_misanswered: Sequence[str] = (),
-    valid_refused: Sequence[str] = (),
-) -> Evidence:
-    async with engine.connect() as conn:
-        calls = {
-            r.tool_call_id: CallRecord(
-                r.tool_call_id,
-                r.tenant,
-                r.run_id,
-                S(r.status),
-                V(r.verification_status),
-                r.idempotency_key,
-                r.capability_id not in read_only,
-            )
-            for r in await conn.execute(select(tool_calls))
-        }
-        events = [
-            (r.tenant, EventView.of(r._mapping))
-            for r in await conn.execute(select(execution_events).order_by(execution_events.c.seq))
-        ]
-        unpublished = (
-            await conn.execute(
-                select(func.count())
-                .select_from(outbox)
-                .where(outbox.c.published_at.is_(None), outbox.c.dead_lettered_at.is_(None))
-            )
-        ).scalar_one()
-        dead = [
-            f"row {r.id} key {r.key}: {r.last_error}"
-            for r in await conn.execute(
-                select(outbox.c.id, outbox.c.key, outbox.c.last_error).where(
-                    outbox.c.dead_lettered_at.is_not(None)
-                )
-            )
-        ]
-        taken_over = (
-            await conn.execute(
-                select(func.count(func.distinct(execution_events.c.tool_call_id))).where(
-                    execution_events.c.producer == Producer.RECOVERY
-                )
-            )
-        ).scalar_one()
-        reasons = {
-            r.reason: int(r.n)
-            for r in await conn.execute(
-                select(escalations.c.reason, func.count().label("n")).group_by(escalations.c.reason)
-            )
-        }
-        commands = (
-            await conn.execute(
-                select(func.count()).select_from(outbox).where(outbox.c.topic == dispatch_topic)
-            )
-        ).scalar_one()
-    async with httpx.AsyncClient(base_url=sandbox_url, timeout=10.0) as client:
-        response = await client.get("/v1/effects")
-        response.raise_for_status()
-        books = response.json()
-    return Evidence(
-        acknowledged=acknowledged,
-        replay_mismatches=replay_mismatches,
-        calls=calls,
-        events=events,
-        effects=books["effects"],
-        reversals=books["reversals"],
-        unpublished=int(unpublished),
-        dead_letters=dead,
-        commands_reemitted=int(commands) - len(calls),
-        taken_over=int(taken_over),
-        escalation_reasons=reasons,
-        hostile_misanswered=hostile_misanswered,
-        valid_refused=valid_refused,
-    )

@@ -38,6 +38,8 @@ class ChaosReport:
     fenced: int = 0
     escalation_reasons: dict[str, int] = field(default_factory=dict)
     """Outcomes a stalled worker came back with and could not record (lease lost)."""
+    tenancy: dict[str, Any] = field(default_factory=dict)
+    """What the tenants shared, and the dead letters (``run._tenancy``)."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -75,6 +77,7 @@ class ChaosReport:
             "  " + ", ".join(f"{k} {v}" for k, v in self.infrastructure.items()),
             f"submissions: {s['attempted']} sent, {s['acknowledged']} acknowledged (2xx), "
             f"{s['replays']} replays, {s['runsStopped']} runs stopped",
+            f"  by tenant: {_pairs(s['byTenant'])}; sent by both tenants alike: {s['mirrored']}",
             f"  by kind: {_pairs(s['byKind'])}",
             f"  not acknowledged: {_pairs(s['notAcknowledged']) or 'none'}",
             f"  hostile_input: {_pairs(s['hostile']) or 'none'}; answered other than 4xx:"
@@ -87,6 +90,7 @@ class ChaosReport:
             f"escalations by reason: {_pairs(self.escalation_reasons) or 'none'}",
             f"calls taken over from lost workers: {self.taken_over}; outcomes fenced off "
             f"(a zombie's, after its lease was lost): {self.fenced}",
+            *self._tenancy_lines(),
             f"faults injected: {sum(self.faults.values())}",
         ]
         lines += [f"  {kind:<28} {n}" for kind, n in sorted(self.faults.items())]
@@ -109,6 +113,18 @@ class ChaosReport:
         lines += [f"note: {note}" for note in self.notes]
         lines.append("PASSED" if self.passed else "FAILED")
         return "\n".join(lines)
+
+    def _tenancy_lines(self) -> list[str]:
+        t = self.tenancy
+        if not t:
+            return []
+        return [
+            f"names both tenants used: {_pairs(t['sharedByTenants'])}",
+            f"dead letters: {t['deadLetters']} ({t['deadLettersOnPurpose']} made on purpose,"
+            f" over the relay's {t['maxMessageBytes']} bytes; {t['deadLettersDiscarded']}"
+            f" discarded by their tenant; {t['rowsThatWaitedBehindThem']} row(s) waited"
+            f" behind them); largest message published: {t['largestPublishedBytes']} bytes",
+        ]
 
 
 def _pairs(counts: dict[str, Any]) -> str:

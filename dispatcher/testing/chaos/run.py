@@ -4,7 +4,6 @@ the invariants, the report."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import shutil
@@ -14,48 +13,57 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from dispatcher.db.engine import engine_for
-from dispatcher.settings import Settings, environment_without_settings, hash_api_key
-from dispatcher.testing.chaos.checker import (
-    INVARIANTS,
-    Evidence,
-    check,
-    gather,
-    unsettled_count,
-)
+from dispatcher.settings import Settings, environment_without_settings
+from dispatcher.testing.chaos.checker import INVARIANTS, Evidence, check, explained
+from dispatcher.testing.chaos.dead_letters import DeadLetterDesk
 from dispatcher.testing.chaos.diagnose import diagnose
+from dispatcher.testing.chaos.evidence import gather, unsettled_count
 from dispatcher.testing.chaos.faults import Injector
 from dispatcher.testing.chaos.infra import Infrastructure, infrastructure
-from dispatcher.testing.chaos.load import (
-    APPROVED,
-    READ_ONLY,
-    READ_ONLY_KEYS,
-    SIDE_EFFECT_KEYS,
-    SIDE_EFFECTS,
-    Load,
-)
+from dispatcher.testing.chaos.isolation import shared_names
+from dispatcher.testing.chaos.load import MAX_MESSAGE_BYTES, READ_ONLY, TENANTS, Load
 from dispatcher.testing.chaos.proxy import TcpProxy
 from dispatcher.testing.chaos.report import ChaosReport
 from dispatcher.testing.chaos.schedule import FaultKind, PlannedFault, plan
+from dispatcher.testing.chaos.stack import capabilities_toml, chaos_env
 from dispatcher.testing.chaos.supervisor import Supervisor
 from dispatcher.testing.embedded import free_port
 from dispatcher.topics import ensure_topics
 
 log = logging.getLogger(__name__)
 
+
+@dataclass(frozen=True, slots=True)
+class Plant:
+    """A defect planted on purpose: what runs instead of the real code, and the fault a
+    planted run (a short one) leads with so that the defect has work to do early."""
+
+    lead: FaultKind | None
+    worker: str | None = None
+    """The module the workers run instead of the real worker."""
+    cli: str | None = None
+    """The module every process of the service (API, workers, relays, reconciler)
+    runs instead of the CLI, ``python -m dispatcher``."""
+
+
 PLANTS = {
-    "blind-retry": ("dispatcher.testing.chaos.blind_worker", FaultKind.PROVIDER_DROP_AFTER_APPLY),
-    "stale-fence": ("dispatcher.testing.chaos.stale_fence_worker", FaultKind.ZOMBIE_READ_ONLY),
+    "blind-retry": Plant(
+        FaultKind.PROVIDER_DROP_AFTER_APPLY, worker="dispatcher.testing.chaos.blind_worker"
+    ),
+    "stale-fence": Plant(
+        FaultKind.ZOMBIE_READ_ONLY, worker="dispatcher.testing.chaos.stale_fence_worker"
+    ),
+    # Tenants meet from the first submission: no fault is needed to provoke it.
+    "shared-keys": Plant(None, cli="dispatcher.testing.chaos.shared_keys"),
 }
-"""Planted defects: the module the workers run instead of the real worker, and the
-fault a planted run (a short one) leads with so that the defect has work to do early."""
 WORKERS = 2
 RELAYS = 2
-TENANT = "chaos"
 
 
 @dataclass(frozen=True)
@@ -67,79 +75,6 @@ class ChaosOptions:
     settle_timeout: float = 90.0
     keep: bool = False
     """Keep the run's directory (process logs) even when it passed."""
-
-
-def capabilities_toml(proxy_url: str, sandbox_url: str) -> str:
-    """Requests go through the proxy (wire faults); lookups, reversals go straight to
-    the sandbox: the proxy stands between the workers and the provider only."""
-    requests = (
-        f'request = {{ method = "POST", url = "{proxy_url}/v1/requests", timeoutSeconds = 2 }}'
-    )
-    by_id = f"{sandbox_url}/v1/requests/{{externalRequestId}}"
-    lookups = (
-        f'statusLookup = {{ method = "GET", url = "{by_id}" }}\n'
-        f'lookupByKey = {{ method = "GET", '
-        f'url = "{sandbox_url}/v1/requests?idempotencyKey={{idempotencyKey}}" }}\n'
-        f'compensation = {{ method = "POST", url = "{by_id}/reverse" }}\n'
-        "retry = { maxAttempts = 3, initialBackoffSeconds = 0.05, maxBackoffSeconds = 0.2 }\n"
-        # Re-sends spread over longer than the longest wire fault (6 s), so one stall
-        # does not use them all up.
-        # A request may reach the sandbox up to a stall (6 s) after the worker gave up.
-        "reconcile = { maxAttempts = 12, initialDelaySeconds = 0.5, maxDelaySeconds = 3, "
-        'onNotFound = "redispatch", maxRedispatches = 4, inFlightSeconds = 10 }\n'
-    )
-    side_effects = (
-        'sideEffects = true\nonRunStopped = "compensate"\n'
-        f'idempotencyKeyTemplate = "{SIDE_EFFECT_KEYS}{{input.orderId}}:{{correlationId}}"\n'
-    )
-    return (
-        f'[[capability]]\nid = "{SIDE_EFFECTS}"\n{side_effects}{requests}\n{lookups}\n'
-        f'[[capability]]\nid = "{APPROVED}"\n{side_effects}requiresApproval = true\n'
-        f"{requests}\n{lookups}\n"
-        f'[[capability]]\nid = "{READ_ONLY}"\nsideEffects = false\n'
-        f'idempotencyKeyTemplate = "{READ_ONLY_KEYS}{{input.orderId}}:{{correlationId}}"\n'
-        f"{requests}\n{lookups}"
-    )
-
-
-def chaos_env(
-    work: Path, infra: Infrastructure, *, api_port: int, api_key: str, tag: str
-) -> dict[str, str]:
-    """The service's settings for every process of the run: small pools (the machine
-    may be small and its database shared), short leases and intervals (so the run
-    settles quickly after its last fault)."""
-    return {
-        "TOOL_DISPATCHER_DATABASE_URL": infra.database_url,
-        "TOOL_DISPATCHER_KAFKA_BOOTSTRAP": infra.kafka_bootstrap,
-        "TOOL_DISPATCHER_KAFKA_ENABLE_IDEMPOTENCE": "false",
-        "TOOL_DISPATCHER_CAPABILITIES_FILE": str(work / "capabilities.toml"),
-        "TOOL_DISPATCHER_STATE_DIR": str(work / "state"),
-        "TOOL_DISPATCHER_HTTP_PORT": str(api_port),
-        "TOOL_DISPATCHER_API_KEYS": json.dumps(
-            [{"sha256": hash_api_key(api_key), "tenant": TENANT, "name": "chaos"}]
-        ),
-        "TOOL_DISPATCHER_DISPATCH_TOPIC": f"chaos-commands-{tag}",
-        "TOOL_DISPATCHER_EVENTS_TOPIC": f"chaos-events-{tag}",
-        "TOOL_DISPATCHER_ESCALATIONS_TOPIC": f"chaos-escalations-{tag}",
-        "TOOL_DISPATCHER_WORKER_GROUP_ID": f"chaos-workers-{tag}",
-        "TOOL_DISPATCHER_TOPIC_PARTITIONS": "8",
-        "TOOL_DISPATCHER_DB_POOL_SIZE": "3",
-        "TOOL_DISPATCHER_WORKER_BATCH_SIZE": "16",
-        "TOOL_DISPATCHER_WORKER_CONCURRENCY": "16",
-        "TOOL_DISPATCHER_PROVIDER_MAX_CONNECTIONS": "8",
-        "TOOL_DISPATCHER_MIN_LEASE_SECONDS": "1",
-        "TOOL_DISPATCHER_LEASE_MARGIN_SECONDS": "0.5",
-        "TOOL_DISPATCHER_RECOVERY_INTERVAL_SECONDS": "0.5",
-        "TOOL_DISPATCHER_REDRIVE_AFTER_SECONDS": "5",
-        "TOOL_DISPATCHER_REDRIVE_INTERVAL_SECONDS": "1",
-        "TOOL_DISPATCHER_KAFKA_SESSION_TIMEOUT_MS": "6000",
-        # A client that saw a topic Tansu auto-created after a restart, with too few
-        # partitions, sees it again with all of them soon after (chaos.topics repairs it).
-        "TOOL_DISPATCHER_KAFKA_METADATA_MAX_AGE_MS": "1000",
-        "TOOL_DISPATCHER_RECONCILE_INTERVAL_SECONDS": "0.5",
-        "TOOL_DISPATCHER_RECONCILE_LEASE_SECONDS": "5",
-        "TOOL_DISPATCHER_RECONCILE_CONCURRENCY": "16",
-    }
 
 
 async def run_chaos(options: ChaosOptions, settings: Settings) -> ChaosReport:
@@ -167,24 +102,23 @@ async def _run(
         capabilities_toml(f"http://127.0.0.1:{proxy.port}", sandbox_url)
     )
     (work / "logs").mkdir()
-    api_key = "tdk_chaos_" + secrets.token_urlsafe(16)
-    tag = f"{options.seed}-{secrets.token_hex(3)}"
-    # The run's settings only: nothing of the caller's TOOL_DISPATCHER_* leaks in.
-    env = {
-        **environment_without_settings(),
-        **chaos_env(work, infra, api_port=api_port, api_key=api_key, tag=tag),
-    }
+    # One API key a tenant: each tenant submits, approves and handles its dead letters
+    # through its own.
+    api_keys = {tenant: "tdk_chaos_" + secrets.token_urlsafe(16) for tenant in TENANTS}
+    env = _environment(work, infra, api_port, api_keys, options.seed)
     await _make_topics(infra, env)
-    supervisor = _supervisor(work / "logs", env, sandbox_port, options.plant)
+    plant = PLANTS[options.plant] if options.plant else None
+    supervisor = _supervisor(work / "logs", env, sandbox_port, plant)
     engine = engine_for(infra.database_url, pool_size=2)
-    load = Load(f"http://127.0.0.1:{api_port}", api_key, seed=options.seed, rate=options.rate)
+    load = Load(f"http://127.0.0.1:{api_port}", api_keys, seed=options.seed, rate=options.rate)
+    desk = DeadLetterDesk(engine, load, oversized=load.stats.oversized, limit=MAX_MESSAGE_BYTES)
     injector = Injector(supervisor, infra, proxy, sandbox_url)
     faults = plan(
         options.seed,
         options.duration,
         owns_database=infra.owns_database,
         owns_broker=infra.owns_broker,
-        lead=PLANTS[options.plant][1] if options.plant else None,
+        lead=plant.lead if plant else None,
     )
     watcher: asyncio.Task[None] | None = None
     try:
@@ -199,18 +133,19 @@ async def _run(
         await submitting
         await injector.lift_all()
         lifted = time.monotonic()
-        settled = await _settle(engine, options.settle_timeout)
+        settled = await _settle(engine, options.settle_timeout, desk)
         done = time.monotonic()
         # Taken at once, while whatever kept the run from settling still holds.
-        diagnosis = (
+        notes = (
             []
             if settled
             else await diagnose(engine, work / "logs", env["TOOL_DISPATCHER_DISPATCH_TOPIC"])
         )
         stop_approver.set()
         await approving
+        notes += await _last_sweep(desk)
         await load.close()
-        evidence = await _evidence(engine, sandbox_url, load, env)
+        evidence = await _evidence(engine, sandbox_url, load, desk, env)
         report = _report(
             options,
             infra,
@@ -223,7 +158,7 @@ async def _run(
             since_last_fault_seconds=done - (injector.last_injected or lifted) if settled else None,
             wall_seconds=time.monotonic() - started,
         )
-        report.notes += diagnosis
+        report.notes += notes
         return report
     finally:
         if watcher is not None:
@@ -233,23 +168,46 @@ async def _run(
         await engine.dispose()
 
 
+def _environment(
+    work: Path, infra: Infrastructure, api_port: int, api_keys: Mapping[str, str], seed: int
+) -> dict[str, str]:
+    """The run's settings only: nothing of the caller's TOOL_DISPATCHER_* leaks in."""
+    tag = f"{seed}-{secrets.token_hex(3)}"
+    return {
+        **environment_without_settings(),
+        **chaos_env(work, infra, api_port=api_port, api_keys=api_keys, tag=tag),
+    }
+
+
 async def _evidence(
-    engine: AsyncEngine, sandbox_url: str, load: Load, env: Mapping[str, str]
+    engine: AsyncEngine,
+    sandbox_url: str,
+    load: Load,
+    desk: DeadLetterDesk,
+    env: Mapping[str, str],
 ) -> Evidence:
-    """What the invariants are checked against: the database, the sandbox and the load's stats."""
+    """What the invariants are checked against: the database, the sandbox, the load's
+    stats and the dead letters the tenants handled."""
     return await gather(
         engine,
         sandbox_url,
-        [a.tool_call_id for a in load.stats.acks],
-        [
-            f"{m.original} answered {m.http_status} {m.answered}"
-            for m in load.stats.replay_mismatches
-        ],
+        load.stats,
+        desk,
         read_only={READ_ONLY},
         dispatch_topic=env["TOOL_DISPATCHER_DISPATCH_TOPIC"],
-        hostile_misanswered=load.stats.hostile_misanswered,
-        valid_refused=load.stats.valid_refused,
+        max_message_bytes=MAX_MESSAGE_BYTES,
     )
+
+
+async def _last_sweep(desk: DeadLetterDesk) -> list[str]:
+    """The dead letters made while the run settled (the last escalations): every row is
+    published or dead by now. Notes on what kept them from being handled."""
+    try:
+        await desk.sweep()
+    except Exception as exc:  # the checker then finds them unhandled: say why
+        log.exception("the last dead-letter sweep failed")
+        return [f"the last dead-letter sweep failed: {type(exc).__name__}: {exc}"]
+    return []
 
 
 async def _make_topics(infra: Infrastructure, env: Mapping[str, str]) -> None:
@@ -305,18 +263,38 @@ def _report(
         taken_over=evidence.taken_over,
         escalation_reasons=dict(evidence.escalation_reasons),
         fenced=_count_in_logs(work / "logs", "worker-", "not recorded: lease lost"),
+        tenancy=_tenancy(evidence),
     )
 
 
+def _tenancy(evidence: Evidence) -> dict[str, Any]:
+    """What the tenants shared, and what became of the dead letters: what invariants 5
+    and 8 had to bite on."""
+    dead = evidence.dead_letters
+    return {
+        "callsByTenant": dict(sorted(Counter(t for t, _ in evidence.calls).items())),
+        "sharedByTenants": shared_names(evidence.calls.values()),
+        "deadLetters": len(dead),
+        "deadLettersOnPurpose": sum(
+            explained(d, evidence.oversized, evidence.max_message_bytes) for d in dead
+        ),
+        "deadLettersDiscarded": sum(evidence.discarded.get(d.id) == "200" for d in dead),
+        "rowsThatWaitedBehindThem": sum(len(d.waiting) for d in dead),
+        "maxMessageBytes": evidence.max_message_bytes,
+        "largestPublishedBytes": evidence.largest_published,
+    }
+
+
 def _supervisor(
-    logs: Path, env: dict[str, str], sandbox_port: int, plant: str | None
+    logs: Path, env: dict[str, str], sandbox_port: int, plant: Plant | None
 ) -> Supervisor:
     """The run's processes: the sandbox, the API, workers, relays and the reconciler."""
     supervisor = Supervisor(logs, env)
-    cli = ["-m", "dispatcher"]
-    supervisor.add("sandbox", "sandbox", [*cli, "sandbox", "--port", str(sandbox_port)])
+    sandbox = ["-m", "dispatcher", "sandbox", "--port", str(sandbox_port)]
+    supervisor.add("sandbox", "sandbox", sandbox)
+    cli = ["-m", plant.cli if plant and plant.cli else "dispatcher"]
     supervisor.add("api", "api", [*cli, "serve"])
-    worker = ["-m", PLANTS[plant][0]] if plant else [*cli, "worker"]
+    worker = ["-m", plant.worker] if plant and plant.worker else [*cli, "worker"]
     for i in range(WORKERS):
         supervisor.add(f"worker-{i}", "worker", worker)
     for i in range(RELAYS):
@@ -356,14 +334,17 @@ async def _ready(*urls: str, within: float = 60.0) -> None:
                 await asyncio.sleep(0.2)
 
 
-async def _settle(engine: AsyncEngine, within: float) -> bool:
-    """Wait until every call is settled and the outbox is drained, or ``within`` s."""
+async def _settle(engine: AsyncEngine, within: float, desk: DeadLetterDesk) -> bool:
+    """Wait until every call is settled and the outbox is drained, or ``within`` s.
+    Meanwhile each tenant handles its dead letters (the desk's sweep), so that rows
+    waiting behind one the run made on purpose flow again."""
     deadline = time.monotonic() + within
     while True:
         try:
             calls, rows = await unsettled_count(engine)
             if calls == 0 and rows == 0:
                 return True
+            await desk.sweep()
         except Exception:  # the database just came back; ask again
             log.exception("settle check failed")
         if time.monotonic() > deadline:

@@ -28,7 +28,14 @@ from typing import Any
 
 import psycopg
 
-from dispatcher.testing.chaos.load import APPROVED, READ_ONLY, READ_ONLY_KEYS, SIDE_EFFECT_KEYS
+from dispatcher.tenancy import provider_key
+from dispatcher.testing.chaos.load import (
+    APPROVED,
+    READ_ONLY,
+    READ_ONLY_KEYS,
+    SIDE_EFFECT_KEYS,
+    TENANT,
+)
 from dispatcher.testing.chaos.load import SIDE_EFFECTS as REFUND
 from dispatcher.testing.chaos.schedule import FaultKind, PlannedFault
 from dispatcher.testing.chaos.supervisor import Supervisor
@@ -38,7 +45,8 @@ log = logging.getLogger(__name__)
 REQUESTS = "/v1/requests"
 CATCH_SECONDS = 10.0
 """How long to wait for a worker to hold a call of the kind before stopping one anyway
-(about 0.7 read-only submissions a second: seven, on average)."""
+(about 0.4 read-only submissions a second of the first tenant, whose provider keys the
+baits match: four, on average)."""
 CAUGHT_MS = 500
 """How long the provider takes to answer a read-only call while a zombie is being caught;
 a zombie's repeated read (its first one times out as it wakes) may take as long."""
@@ -66,24 +74,34 @@ BAITS = {
     # call being read-only, is repeated: its second answer must come before the slowed
     # one of the new claim.
     FaultKind.ZOMBIE_READ_ONLY: Bait(
-        (READ_ONLY,), {"kind": "latency", "latencyMs": CAUGHT_MS, "keyPrefix": READ_ONLY_KEYS}, 0.1
+        (READ_ONLY,),
+        {
+            "kind": "latency",
+            "latencyMs": CAUGHT_MS,
+            "keyPrefix": provider_key(TENANT, READ_ONLY_KEYS),
+        },
+        0.1,
     ),
     # Held and never applied: a lookup finds nothing and the reconciler re-sends; the
     # zombie, woken up, sees its read time out and records "unknown".
     FaultKind.ZOMBIE_RESEND: Bait(
-        (REFUND, APPROVED), {"kind": "timeout", "apply": False, "keyPrefix": SIDE_EFFECT_KEYS}, 0.5
+        (REFUND, APPROVED),
+        {"kind": "timeout", "apply": False, "keyPrefix": provider_key(TENANT, SIDE_EFFECT_KEYS)},
+        0.5,
     ),
 }
 
 _HELD = """
-SELECT tool_call_id, idempotency_key, lease_owner FROM tool_calls
+SELECT tenant, tool_call_id, provider_key, lease_owner FROM tool_calls
 WHERE status = 'dispatching' AND capability_id = ANY(%s) AND lease_owner LIKE ANY(%s)
   AND updated_at < now() - make_interval(secs => %s)
 ORDER BY lease_owner
 """
+# A toolCallId names a call only with its tenant: the run's tenants share some.
 _RECLAIMED = """
-SELECT tool_call_id, lease_owner FROM tool_calls
-WHERE status = 'dispatching' AND tool_call_id = ANY(%s)
+SELECT tenant, tool_call_id, lease_owner FROM tool_calls
+WHERE status = 'dispatching'
+  AND (tenant, tool_call_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))
   AND lease_owner IS NOT NULL AND lease_owner NOT LIKE %s
 LIMIT 1
 """
@@ -91,12 +109,13 @@ LIMIT 1
 
 @dataclass(frozen=True, slots=True)
 class Held:
-    """Calls of one worker in flight: ``(tool_call_id, idempotency_key)`` each."""
+    """Calls of one worker in flight: ``((tenant, tool_call_id), provider_key)`` each
+    (the key the sandbox receives for the call, which its rules match)."""
 
     worker: str
     owner: str
     """What the worker's lease owner starts with (a LIKE pattern)."""
-    calls: list[tuple[str, str]]
+    calls: list[tuple[tuple[str, str], str]]
 
 
 @dataclass
@@ -163,22 +182,25 @@ class FenceZombies:
         )
         for worker, owner in owners.items():  # the fault's target first
             prefix = owner.rstrip("%")
-            if calls := [(str(r[0]), str(r[1])) for r in rows if str(r[2]).startswith(prefix)]:
+            if calls := [
+                ((str(r[0]), str(r[1])), str(r[2])) for r in rows if str(r[3]).startswith(prefix)
+            ]:
                 return Held(worker, owner, calls)
         return None
 
-    async def _wake(self, held: Held, slowed: dict[str, int], deadline: float) -> None:
+    async def _wake(self, held: Held, slowed: dict[tuple[str, str], int], deadline: float) -> None:
         """Resume the zombie as soon as another claim of one of its calls shows and that
         claim's request has reached the provider (or at ``deadline``, the planned stop's
         end): woken earlier, the zombie's repeated read would take the slowed answer."""
-        ids = [call for call, _ in held.calls]
-        if not ids:  # caught with nothing of the kind: a plain zombie
+        calls = [call for call, _ in held.calls]
+        if not calls:  # caught with nothing of the kind: a plain zombie
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-        while ids and time.monotonic() < deadline:
-            if found := await self._query(_RECLAIMED, ids, held.owner):
-                call, claimant = found[0]
-                await self._used(slowed[call], within=1.0)
-                log.info("waking %s: %s claimed by %s", held.worker, call, claimant)
+        tenants, ids = [t for t, _ in calls], [i for _, i in calls]
+        while calls and time.monotonic() < deadline:
+            if found := await self._query(_RECLAIMED, tenants, ids, held.owner):
+                tenant, call, claimant = found[0]
+                await self._used(slowed[(tenant, call)], within=1.0)
+                log.info("waking %s: %s/%s claimed by %s", held.worker, tenant, call, claimant)
                 break
             await asyncio.sleep(0.1)
         self.supervisor.resume(held.worker)
