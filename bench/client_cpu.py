@@ -22,9 +22,9 @@ import httpx
 import uvloop
 
 from bench.sandbox import start_sandbox
+from devtools.embedded import free_port
 from dispatcher.provider.client import traceparent
 from dispatcher.provider.transport import Transport, json_body
-from dispatcher.testing.embedded import free_port
 
 BODY = {"orderId": "o-1", "amount": 5}
 _keys = itertools.count()

@@ -1,7 +1,7 @@
 """Dispatch throughput and machine CPU per call, in one run against one sandbox, one
 broker (an embedded Tansu) and one scratch database: the sandbox's own request rate,
 a minimal ideal worker (bench.ideal_worker), and tool-dispatcher with 1 and 2 worker
-processes. Targets (issue 15): 1 worker at >= 0.5x the ideal's calls/s, and at most
+processes. Targets: 1 worker at >= 0.5x the ideal's calls/s, and at most
 2x its machine CPU per call.
 
     .venv/bin/python -m bench.dispatch [--calls 5000] [--database-url URL]
@@ -51,15 +51,15 @@ from bench.cpu import (
 from bench.harness import render_table, service_env, start_python
 from bench.intake import wait_quiet
 from bench.sandbox import measure, start_sandbox
+from devtools.databases import create_database, drop_database, unique_name
+from devtools.embedded import Tansu, free_port
+from devtools.registries import refund_and_lookup, registry_toml
 from dispatcher.capabilities import load_registry
 from dispatcher.db import migrate
 from dispatcher.db.engine import engine_for, session_factory
 from dispatcher.intake.service import submit_many
 from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import Topics
-from dispatcher.testing.databases import create_database, drop_database, unique_name
-from dispatcher.testing.embedded import Tansu, free_port
-from dispatcher.testing.registries import refund_and_lookup, registry_toml
 
 
 async def prefill(url: str, caps: Path, n: int, topic: str, tag: str) -> None:
@@ -257,7 +257,7 @@ async def main(args: argparse.Namespace) -> None:
     for setting in args.set:
         name, _, value = setting.partition("=")
         env[f"TOOL_DISPATCHER_{name.upper()}"] = value
-    relay = await start_python(["-m", "dispatcher", "relay"], env)
+    relay = await start_python(["-m", "tool_dispatcher", "relay"], env)
     poll = Poll(url)
     services = {"relay": relay.pid, "broker": broker.pid, "sandbox": sandbox.pid}
     run = Run(url, scratch, env, poll, services, postmaster_of(url), args.wait_quiet)
@@ -275,7 +275,7 @@ async def main(args: argparse.Namespace) -> None:
         "--url",
         f"{sandbox_url}/v1/requests",
     ]
-    worker = ["-m", "dispatcher", "worker"]
+    worker = ["-m", "tool_dispatcher", "worker"]
     try:
         if args.wait_quiet:
             await wait_quiet(args.wait_quiet)

@@ -198,7 +198,7 @@ def service_env(database_url: str, bootstrap: str, capabilities: Path) -> dict[s
 
 
 async def start_python(args: Sequence[str], env: dict[str, str]) -> asyncio.subprocess.Process:
-    """``python args...`` (e.g. ``-m dispatcher relay``) with its output discarded."""
+    """``python args...`` (e.g. ``-m tool_dispatcher relay``) with its output discarded."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
         *args,

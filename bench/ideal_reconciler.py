@@ -1,5 +1,5 @@
 """A minimal ideal reconciler: the least a reconciler can do to settle ``result_unknown``
-calls, the baseline bench.reconcile compares tool-dispatcher's reconciler with (issue 15).
+calls, the baseline bench.reconcile compares tool-dispatcher's reconciler with.
 
 Per batch of up to 500 due calls: ONE claiming statement (the due calls locked with
 ``FOR UPDATE SKIP LOCKED`` and stamped with its lease and a bumped version, RETURNING

@@ -1,5 +1,5 @@
 """A minimal ideal worker: the least a worker can do per call and still be at most
-once, the baseline bench.dispatch compares tool-dispatcher's worker with (issue 15).
+once, the baseline bench.dispatch compares tool-dispatcher's worker with.
 
     .venv/bin/python -m bench.ideal_worker --database-url URL --bootstrap HOST:PORT \
         --topic T --group G --url http://127.0.0.1:PORT/v1/requests
@@ -9,8 +9,8 @@ Per batch of up to 500 dispatch commands from Kafka: ONE claiming UPDATE (``auth
 request POSTed with aiohttp at 64 in flight (Idempotency-Key, traceparent), ONE fenced
 ``UPDATE ... FROM unnest(...)`` recording every outcome, then the offsets committed.
 No events and no outbox rows: that is what makes it ideal, and why it is not the
-product. It runs until SIGTERM, in its own process so that its CPU is measured like a
-worker's.
+product. It runs until SIGTERM or SIGINT, in its own process so that its CPU is
+measured like a worker's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import asyncio
 import hashlib
 import json
 import os
-import signal
 from typing import Any
 
 import aiohttp
@@ -28,6 +27,8 @@ import psycopg
 import uvloop
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import OffsetAndMetadata
+
+from kit.signals import until_signal
 
 CLAIM = """
 UPDATE tool_calls t
@@ -126,9 +127,10 @@ def _command(value: bytes) -> tuple[str, str] | None:
 
 
 async def run(args: argparse.Namespace) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    await until_signal(lambda stop: _consume(args, stop))
+
+
+async def _consume(args: argparse.Namespace, stop: asyncio.Event) -> None:
     owner = f"ideal:{os.getpid()}"
     consumer = AIOKafkaConsumer(
         args.topic,
@@ -171,7 +173,7 @@ def main() -> None:
     parser.add_argument("--url", required=True, help="the capability's POST endpoint")
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--in-flight", type=int, default=64)
-    # uvloop, as every long-running process of the product is meant to run on (issue 15).
+    # uvloop, as every long-running process of the product is meant to run on.
     uvloop.run(run(parser.parse_args()))
 
 

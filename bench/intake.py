@@ -57,6 +57,8 @@ from bench.harness import Call, Cell, drive, machine_busy_seconds, postgres_mete
 from bench.intake_http import run_http, run_http_per_core, server_flavour
 from bench.intake_rows import CAPABILITY, INPUT, TENANT, pgbench_script, raw_rows
 from bench.intake_session import capture, describe, replay_client
+from devtools.databases import with_database
+from devtools.registries import sandbox_registry
 from dispatcher.db import migrate
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.intake.keys import fingerprint
@@ -64,14 +66,12 @@ from dispatcher.intake.service import submit
 from dispatcher.intake.statement import CallerTransaction
 from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import Settings
-from dispatcher.testing.databases import with_database
-from dispatcher.testing.registries import sandbox_registry
 
 MODES = (
     "library", "library-psycopg", "session", "psycopg-in-session",
     "http", "http-cores", "pgbench", "psycopg",
 )  # fmt: skip
-# Targets at 16 clients (issue 15).
+# Targets at 16 clients.
 TARGETS = {
     "library/session": 0.9,
     "library/psycopg": 0.75,

@@ -20,9 +20,9 @@ import psutil  # type: ignore[import-untyped]
 
 from bench.harness import Call, Cell, drive, postgres_meter
 from bench.intake_rows import CAPABILITY, INPUT, TENANT
+from devtools.embedded import free_port, wait_for_port
+from devtools.registries import SANDBOX_REGISTRY
 from dispatcher.settings import hash_api_key
-from dispatcher.testing.embedded import free_port, wait_for_port
-from dispatcher.testing.registries import SANDBOX_REGISTRY
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,7 +82,7 @@ def server_flavour() -> str:
 async def api_process(
     url: str, clients: int, key: str, log: Path
 ) -> AsyncIterator[tuple[int, int]]:
-    """``python -m dispatcher serve`` in its own process; yields (port, pid)."""
+    """``python -m tool_dispatcher serve`` in its own process; yields (port, pid)."""
     port = free_port()
     env = {
         **os.environ,
@@ -98,7 +98,7 @@ async def api_process(
     }
     out = await asyncio.to_thread(log.open, "wb")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "dispatcher", "serve",
+        sys.executable, "-m", "tool_dispatcher", "serve",
         cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:

@@ -1,4 +1,4 @@
-"""The ceiling of a library call inside the caller's SQLAlchemy transaction (issue 15):
+"""The ceiling of a library call inside the caller's SQLAlchemy transaction:
 the SQL ``submit()`` sends, sent through the caller's ``AsyncSession``.
 
 The statements are captured from ``submit()`` itself, once per run, at the driver: every

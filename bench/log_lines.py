@@ -18,7 +18,7 @@ import time
 from dispatcher.ledger.transitions import Moved, log_moves
 from dispatcher.logs import TRANSITIONS_LOGGER, current_context
 from dispatcher.states import ExecutionStatus as S
-from outbox_relay.logs import TEXT_FORMAT, JsonLines
+from kit.logs import TEXT_FORMAT, JsonLines
 
 # JSON costs more than text (a dict, orjson, the span lookup): a ceiling on how much.
 JSON_VS_TEXT_CEILING = 2.5

@@ -1,6 +1,6 @@
 """Settling ``result_unknown`` calls: tool-dispatcher's reconciler beside a minimal
 ideal reconciler (bench.ideal_reconciler), in one run against one sandbox, one broker
-and one scratch database, with the sandbox's own lookup rate. Target (issue 15): the
+and one scratch database, with the sandbox's own lookup rate. Target: the
 reconciler at >= 0.5x the ideal's calls/s.
 
     .venv/bin/python -m bench.reconcile [--database-url URL] [--calls 10000]
@@ -53,14 +53,14 @@ from bench.harness import render_table, service_env, start_python
 from bench.ideal_reconciler import settle_all
 from bench.intake import wait_quiet
 from bench.sandbox import _connection, start_sandbox
+from devtools.databases import create_database, drop_database, unique_name
+from devtools.embedded import Tansu, free_port
+from devtools.registries import capability, registry_of, registry_toml
 from dispatcher.db import migrate
 from dispatcher.db.engine import engine_for, session_factory
 from dispatcher.db.tables import tool_calls
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import Topics
-from dispatcher.testing.databases import create_database, drop_database, unique_name
-from dispatcher.testing.embedded import Tansu, free_port
-from dispatcher.testing.registries import capability, registry_of, registry_toml
 from reconciler import Reconciler
 
 
@@ -223,7 +223,9 @@ async def run(args: argparse.Namespace, url: str, database: str) -> None:
         capability("refund", f"http://{host}:{port}", timeout=None, attempts=None, by_key=True)
     )
     caps.write_text(registry_toml(registry))
-    relay = await start_python(["-m", "dispatcher", "relay"], service_env(url, bootstrap, caps))
+    relay = await start_python(
+        ["-m", "tool_dispatcher", "relay"], service_env(url, bootstrap, caps)
+    )
     engine = engine_for(url, pool_size=10)
     services = {"relay": relay.pid, "broker": broker.pid, "sandbox": server.pid}
     run = Run(url, database, host, port, session_factory(engine), services, postmaster_of(url))
@@ -342,7 +344,7 @@ def main() -> None:
     url = create_database(args.database_url, scratch)
     try:
         migrate.upgrade(url)
-        # The reconciler's CLI runs on uvloop too (reconciler/cli.py).
+        # The reconciler's CLI runs on uvloop too (tool_dispatcher/reconcile.py).
         uvloop.run(run(args, url, scratch))
     finally:
         drop_database(args.database_url, scratch)

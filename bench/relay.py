@@ -28,7 +28,6 @@ from aiokafka import AIOKafkaProducer
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-import telemetry
 from bench.relay_latency import (
     arrivals,
     create_topics,
@@ -38,9 +37,10 @@ from bench.relay_latency import (
     rotating_rows,
     topics_for,
 )
+from devtools.databases import create_database, drop_database, unique_name
+from devtools.embedded import Tansu
 from dispatcher.db import migrate
-from dispatcher.testing.databases import create_database, drop_database, unique_name
-from dispatcher.testing.embedded import Tansu
+from kit import telemetry
 from outbox_relay import OutboxMessage, RelayConfig, run_relay
 from outbox_relay.kafka import kafka_headers
 

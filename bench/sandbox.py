@@ -1,6 +1,6 @@
 """The sandbox provider's own request rate: the ceiling a worker benchmark compares with.
 
-Starts ``python -m dispatcher.testing.sandbox`` in a subprocess (so the load generator does not
+Starts ``python -m devtools.sandbox`` in a subprocess (so the load generator does not
 share its event loop) and drives it with concurrent keep-alive connections speaking raw
 HTTP/1.1, because an httpx client would saturate a core before the server does.
 
@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from dispatcher.testing.embedded import free_port
+from devtools.embedded import free_port
 
 _counter = itertools.count()
 
@@ -82,7 +82,7 @@ async def _warm(host: str, port: int) -> None:
 
 async def start_sandbox(port: int, database_url: str | None = None) -> asyncio.subprocess.Process:
     """The sandbox in its own process, once it listens."""
-    argv = [sys.executable, "-m", "dispatcher.testing.sandbox", "--port", str(port)]
+    argv = [sys.executable, "-m", "devtools.sandbox", "--port", str(port)]
     if database_url:
         argv += ["--database-url", database_url]
     server = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)

@@ -1,5 +1,5 @@
-"""The dispatcher's errors: one tree. Each leaf names its stable ``code`` (public: the
-README lists them, the HTTP client maps them back to these classes); a branch names
+"""The dispatcher's errors: one tree. Each leaf names its stable ``code`` (public:
+docs/api.md lists them, the HTTP client maps them back to these classes); a branch names
 the HTTP status and title its leaves share, and whether trying again can help
 (``retriable``). :mod:`dispatcher.api.problems` is the one place that turns them into
 problem+json.

@@ -1,6 +1,6 @@
 """Logging of every process: configured once at its entry point from the settings
 (``TOOL_DISPATCHER_LOG_FORMAT``, ``TOOL_DISPATCHER_LOG_LEVEL``), in the line format of
-:mod:`outbox_relay.logs`, plus the tool call a line is about.
+:mod:`kit.logs`, plus the tool call a line is about.
 
 Code that works on one call wraps it in :func:`log_context`; every JSON line written
 inside carries that call's ``tool_call_id``, ``run_id`` and ``capability_id``. A
@@ -15,7 +15,7 @@ from contextvars import ContextVar
 from types import MappingProxyType
 
 from dispatcher.settings import Settings
-from outbox_relay import logs
+from kit import logs
 
 TRANSITIONS_LOGGER = "tool_dispatcher.transitions"
 """One INFO line per status transition of a call (dispatcher.ledger.transitions)."""

@@ -27,8 +27,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
-import telemetry
 from dispatcher.settings import Settings
+from kit import telemetry
 
 tracer = trace.get_tracer("tool_dispatcher")
 

@@ -7,8 +7,6 @@ line on stderr; a clean stop (the batch in flight finished) exits 0.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
@@ -16,8 +14,8 @@ from typing import NoReturn
 
 import uvloop
 
-import telemetry
-from outbox_relay import logs
+from kit import logs, telemetry
+from kit.signals import until_signal
 from outbox_relay.config import RelayConfig
 from outbox_relay.relay import run_relay
 
@@ -58,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="ROW_TOPIC=KAFKA_TOPIC",
         help="publish rows of ROW_TOPIC to KAFKA_TOPIC (repeatable)",
     )
-    p.add_argument("--relay-id", help="lease owner name (default: host-pid-random)")
+    p.add_argument("--relay-id", help="lease owner name (default: relay:<host>:<pid>:<random>)")
     p.add_argument("--batch-size", type=int, default=1000)
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds")
     p.add_argument("--lease-ttl", type=float, default=15.0, help="seconds")
@@ -109,14 +107,6 @@ def config_from(args: argparse.Namespace) -> RelayConfig:
     )
 
 
-async def _serve(config: RelayConfig) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await run_relay(config, stop)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, run the relay, return the exit status."""
     p = parser()
@@ -137,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # uvloop, as every process of tool-dispatcher (dispatcher.runtime, which this
         # package sits below): the relay's CPU is mostly event-loop and driver bookkeeping.
-        uvloop.run(_serve(config))
+        uvloop.run(until_signal(lambda stop: run_relay(config, stop)))
     finally:
         telemetry.shutdown()
     return 0

@@ -6,20 +6,14 @@ Nothing here reads the environment; ``python -m outbox_relay`` builds a
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from kit.owners import owner_id
+
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
-
-
-def default_relay_id() -> str:
-    """A name unique to this process: host, pid and a random suffix."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 def libpq_url(url: str) -> str:
@@ -44,8 +38,9 @@ class RelayConfig:
     """Prepended to a row's ``topic`` unless :attr:`topic_map` names it."""
     topic_map: Mapping[str, str] = field(default_factory=dict)
     """Row topic -> Kafka topic, for the rows whose topic needs renaming."""
-    relay_id: str = field(default_factory=default_relay_id)
-    """Lease owner name. A restarted process given the same id takes its lanes back
+    relay_id: str = field(default_factory=lambda: owner_id("relay"))
+    """Lease owner name (by default ``relay:<host>:<pid>:<random>``, unique to this
+    process start). A restarted process given the same id takes its lanes back
     at once instead of waiting for their leases to expire."""
     batch_size: int = 1000
     poll_interval: float = 1.0

@@ -54,7 +54,9 @@ from opentelemetry.trace import Span
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-import telemetry
+from kit import telemetry
+from kit.periodic import periodic
+from kit.signals import sleep_unless
 from outbox_relay import metrics
 from outbox_relay.backoff import Backoff
 from outbox_relay.config import RelayConfig
@@ -65,7 +67,7 @@ from outbox_relay.retention import purge_batches
 from outbox_relay.schedule import heartbeat_waits, purge_due
 from outbox_relay.settle import NOT_SENT, Outcome, Settlement, settle
 from outbox_relay.spans import end_publish_spans, publish_span
-from outbox_relay.wakeup import listen, sleep_unless, wait_first
+from outbox_relay.wakeup import listen, wait_first
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,9 @@ class TransientPublishError(Exception):
 # What the relay survives by backing off and trying again: the broker or the
 # database being away. Anything else is a bug and stops the process.
 TRANSIENT = (TransientPublishError, KafkaError, psycopg.OperationalError, PoolTimeout)
+
+HOUSEKEEPING_LOOP = "outbox_housekeeping"
+"""The ``loop`` label of the gauge and retention loop's step metrics."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,26 +321,29 @@ class Relay:
                 return
 
     async def _housekeeping(self, stop: asyncio.Event) -> None:
+        """Gauges at once and every ``metrics_interval``, retention when it is due. A
+        failed round waits the same interval (``backoff_max``): the gauges are what
+        shows an outage, so they are not refreshed less often during one."""
         loop = asyncio.get_running_loop()
         next_purge, retention_interval = loop.time(), self.config.retention_interval
-        while not stop.is_set():
-            try:
-                await self.refresh_gauges()
-                purge, next_purge = purge_due(loop.time(), next_purge, retention_interval)
-                if purge:
-                    async with self._pool.connection() as conn:
-                        deleted = await purge_batches(
-                            conn,
-                            self.queries,
-                            older_than=self.config.retention,
-                            batch_size=self.config.retention_batch,
-                        )
-                    if deleted:
-                        log.info("retention deleted %d published row(s)", deleted)
-            except (psycopg.Error, PoolTimeout) as exc:
-                log.warning("outbox housekeeping failed: %s", exc)
-            if await sleep_unless(stop, self.config.metrics_interval):
-                return
+
+        async def step() -> None:
+            nonlocal next_purge
+            await self.refresh_gauges()
+            purge, next_purge = purge_due(loop.time(), next_purge, retention_interval)
+            if purge:
+                async with self._pool.connection() as conn:
+                    deleted = await purge_batches(
+                        conn,
+                        self.queries,
+                        older_than=self.config.retention,
+                        batch_size=self.config.retention_batch,
+                    )
+                if deleted:
+                    log.info("retention deleted %d published row(s)", deleted)
+
+        every = self.config.metrics_interval
+        await periodic(stop, every, step, name=HOUSEKEEPING_LOOP, backoff_max=every)
 
     async def refresh_gauges(self) -> None:
         """Update backlog, oldest-age, dead-letter and blocked-row gauges; log dead

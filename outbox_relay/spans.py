@@ -16,7 +16,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
-import telemetry
+from kit import telemetry
 from outbox_relay.kafka import OutboxRow
 
 tracer = trace.get_tracer("outbox_relay")

@@ -16,16 +16,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from kit.signals import sleep_unless
+
 log = logging.getLogger(__name__)
-
-
-async def sleep_unless(stop: asyncio.Event, seconds: float) -> bool:
-    """Sleep ``seconds`` or until ``stop`` is set; True when stopped."""
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        return False
-    return True
 
 
 async def listen(

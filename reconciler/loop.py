@@ -12,11 +12,7 @@ one's lookups overlap the other's database writes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import socket
-import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -34,6 +30,8 @@ from dispatcher.provider.transport import Transport
 from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.worker.executor import Executor
+from kit.owners import owner_id
+from kit.periodic import periodic
 from reconciler import metrics
 from reconciler.due import DueCall, claim_due, database_now
 from reconciler.lookup import Answer, CompensationAnswer, ProviderLookup, Reversal
@@ -55,9 +53,8 @@ from reconciler.spans import for_call
 
 log = logging.getLogger(__name__)
 
-
-def new_reconciler_id() -> str:
-    return f"reconciler:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+LOOP = "reconcile"
+"""The ``loop`` label of the service loop's step metrics and the name in its log lines."""
 
 
 class Reconciler:
@@ -77,7 +74,7 @@ class Reconciler:
         batches_in_flight: int = 2,
         secrets: Credentials | dict[str, str] | None = None,
     ) -> None:
-        self.owner = owner or new_reconciler_id()
+        self.owner = owner or owner_id("reconciler")
         self._sessions = sessions
         self._registry = registry
         self._lookup = ProviderLookup(transport, secrets)
@@ -112,17 +109,18 @@ class Reconciler:
         return tally
 
     async def run(self, stop: asyncio.Event, interval_seconds: float) -> None:
-        """Pass after pass until ``stop`` is set; the batch in hand finishes first."""
-        while not stop.is_set():
-            try:
-                tally = await self.run_pass(stop)
-                if tally.total:
-                    log.info("reconcile pass: %s", ", ".join(tally.lines()))
-                await metrics.refresh(self._sessions)
-            except Exception:  # the loop must outlive a database or provider outage
-                log.exception("reconcile pass failed; trying again")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval_seconds)
+        """Pass after pass until ``stop`` is set; the batch in hand finishes first.
+
+        The first pass starts at once; a pass that raises (the database or the provider
+        away) is logged and counted, and the next waits longer (:func:`periodic`)."""
+
+        async def step() -> None:
+            tally = await self.run_pass(stop)
+            if tally.total:
+                log.info("reconcile pass: %s", ", ".join(tally.lines()))
+            await metrics.refresh(self._sessions)
+
+        await periodic(stop, interval_seconds, step, name=LOOP)
 
     async def run_batch(self, tally: Tally, due_by: datetime | None = None) -> int:
         """Claim, look up, decide and record one batch; returns how many were claimed."""

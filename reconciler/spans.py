@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import telemetry
 from dispatcher.tracing import call_attributes, tracer
+from kit import telemetry
 from reconciler.due import DueCall, about
 from reconciler.rulings import Compensated, Escalation, Retry
 

@@ -11,7 +11,6 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import ASGIApp
 
-import telemetry
 from dispatcher import console
 from dispatcher.api import (
     approvals,
@@ -30,6 +29,7 @@ from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.intake.batcher import IntakeBatcher
 from dispatcher.settings import Settings
+from kit import telemetry
 
 
 def create_app(

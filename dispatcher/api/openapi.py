@@ -49,7 +49,7 @@ class Problem(BaseModel):
     title: str
     status: int
     detail: str
-    code: str = Field(description="stable: the README lists every code")
+    code: str = Field(description="stable: docs/api.md lists every code")
 
 
 # Models named by routes' request bodies, by schema name: install() adds them to the

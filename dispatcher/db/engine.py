@@ -11,9 +11,9 @@ import psycopg
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.util import greenlet_spawn
 
-import telemetry
 from dispatcher.db import jsonb
 from dispatcher.settings import Settings, to_sqlalchemy_url
+from kit import telemetry
 
 
 def create_engine(settings: Settings) -> AsyncEngine:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from yarl import URL
 
-import telemetry
 from dispatcher.tracing import tracer
+from kit import telemetry
 
 
 def client_span(method: str, url: URL) -> Span:

@@ -2,7 +2,7 @@
 
 Why aiohttp directly, behind this module: measured against the sandbox at 64 requests
 in flight, aiohttp costs about 175 µs of CPU a request, httpx in many pools of 2 about
-776 µs and httpx over the ``httpx-aiohttp`` transport 437 µs (issue 15). That transport
+776 µs and httpx over the ``httpx-aiohttp`` transport 437 µs. That transport
 would also lose the one distinction this service lives by: it maps every
 ``aiohttp.ClientConnectionError`` to ``httpx.ConnectTimeout``, so a connection reset
 *after the request was written* would read as "not sent" and be sent again. Our own
@@ -49,8 +49,8 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-import telemetry
 from dispatcher.provider import spans
+from kit import telemetry
 
 
 class NotSent(Exception):

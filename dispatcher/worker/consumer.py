@@ -13,9 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
-import uuid
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
@@ -24,7 +21,6 @@ from aiokafka.structs import OffsetAndMetadata
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
-import telemetry
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.ledger.messages import DispatchCommand
@@ -40,12 +36,14 @@ from dispatcher.worker.crashpoints import CrashPoints
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired
 from dispatcher.worker.redrive import redrive_stale
+from kit import telemetry
+from kit.owners import owner_id
+from kit.periodic import periodic
 
 log = logging.getLogger(__name__)
 
-
-def new_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+RECOVERY_LOOP, REDRIVE_LOOP = "recovery", "redrive"
+"""The ``loop`` labels of the two sweeps' step metrics, and the names in their logs."""
 
 
 def default_provider(settings: Settings, transport: Transport) -> ProviderClient:
@@ -66,7 +64,7 @@ async def run_worker(
     ``provider`` is the client that sends calls (its owner closes it); by default one
     built from the settings, closed here. ``ops`` gets the "consumer group" readiness
     check, failing from now (a worker still waiting for the broker) until joined."""
-    worker_id = worker_id or new_worker_id()
+    worker_id = worker_id or owner_id("worker")
     membership = GroupMembership(settings.worker_group_id)
     if ops is not None:
         ops.add_check("consumer group", membership.check)
@@ -266,21 +264,25 @@ async def commit_recorded(
 async def _sweep(
     settings: Settings, registry: CapabilityRegistry, sessions: Any, stop: asyncio.Event
 ) -> None:
-    loop = asyncio.get_running_loop()
-    next_redrive = loop.time() + settings.redrive_interval_seconds
+    """The worker's two sweeps, each its own loop so one failing does not hold the
+    other back: recovery at once and then every ``recovery_interval_seconds``, redrive
+    every ``redrive_interval_seconds`` from one interval after the start."""
+    topics = settings.topics()
     known = {cap.id for cap in registry}
-    while not stop.is_set():
-        try:
-            await recover_expired(sessions, registry, topics=settings.topics())
-            if loop.time() >= next_redrive:
-                next_redrive = loop.time() + settings.redrive_interval_seconds
-                await redrive_stale(
-                    sessions,
-                    topics=settings.topics(),
-                    older_than_seconds=settings.redrive_after_seconds,
-                    known_capabilities=known,
-                )
-        except Exception:  # the sweep must outlive a database outage
-            log.exception("recovery sweep failed; trying again")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), settings.recovery_interval_seconds)
+
+    async def recover() -> None:
+        await recover_expired(sessions, registry, topics=topics)
+
+    async def redrive() -> None:
+        await redrive_stale(
+            sessions,
+            topics=topics,
+            older_than_seconds=settings.redrive_after_seconds,
+            known_capabilities=known,
+        )
+
+    redrive_every = settings.redrive_interval_seconds
+    await asyncio.gather(
+        periodic(stop, settings.recovery_interval_seconds, recover, name=RECOVERY_LOOP),
+        periodic(stop, redrive_every, redrive, name=REDRIVE_LOOP, first_delay=redrive_every),
+    )

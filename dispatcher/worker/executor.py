@@ -25,7 +25,6 @@ from typing import Any
 from opentelemetry.context import Context
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-import telemetry
 from dispatcher.capabilities import Capability, CapabilityRegistry
 from dispatcher.errors import TransitionConflict
 from dispatcher.ledger.events import EventType
@@ -45,6 +44,7 @@ from dispatcher.worker import spans
 from dispatcher.worker.claims import Claim, claim_calls, lease_seconds
 from dispatcher.worker.crashpoints import CrashPoints
 from dispatcher.worker.outcomes import OutcomeRecorder, Sent
+from kit import telemetry
 
 __all__ = ["CallKey", "Claim", "Executor", "lease_seconds"]
 

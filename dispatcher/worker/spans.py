@@ -20,11 +20,11 @@ from opentelemetry import context, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-import telemetry
 from dispatcher.ledger.messages import DispatchCommand
 from dispatcher.states import ExecutionStatus
 from dispatcher.tracing import CALL_ATTRIBUTES, call_attributes, tracer
 from dispatcher.worker.claims import Claim
+from kit import telemetry
 
 CallKey = tuple[str, str]
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 
-from dispatcher.cli.parsing import OneLineArgumentParser
 from dispatcher.client import DispatcherClient
 from dispatcher.errors import DispatcherError
 from examples.agent_harness.checkpoint import (
@@ -26,6 +25,7 @@ from examples.agent_harness.checkpoint import (
 from examples.agent_harness.crash import CrashPlan, CrashSpecError
 from examples.agent_harness.ledger import Ledger
 from examples.agent_harness.model import TASK, Response, ScriptedModel
+from kit.cli import OneLineArgumentParser
 
 MAX_TURNS = 10
 CHECKPOINT = "checkpoint.json"
@@ -131,16 +131,14 @@ def _finished(messages: list[dict[str, Any]]) -> bool:
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = OneLineArgumentParser(
-        prog="agent_harness", description="The seed lesson's resumable agent harness."
-    )
+    parser = OneLineArgumentParser(prog="agent_harness", description="A resumable agent harness.")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint")
     parser.add_argument("--dispatcher", default="http://127.0.0.1:8780", help="API base URL")
     parser.add_argument(
         "--api-key-file",
         type=Path,
         default=Path(".tool-dispatcher/dev-api-key"),
-        help="file holding the API key (default: the one `tool-dispatcher up` writes)",
+        help="file holding the API key (default: the one `python -m devtools up` writes)",
     )
     parser.add_argument(
         "--workdir",

@@ -12,6 +12,8 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from devtools.registries import capability, registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.client import ApiError, DispatcherClient, SyncDispatcherClient, WaitTimedOut
 from dispatcher.client.problems import error_from
@@ -28,8 +30,6 @@ from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.transport import Transport
 from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import DEFAULT_TOPICS
-from dispatcher.testing.registries import capability, registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from tests.fixtures.api import ALICE, BOB, OPERATOR, bearer
 from tests.fixtures.capabilities import approval_capability

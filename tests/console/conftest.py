@@ -16,9 +16,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from dispatcher.testing.databases import create_database, drop_database, unique_name
-from dispatcher.testing.embedded import free_port, wait_for_port
-from dispatcher.testing.sandbox import SandboxServer
+from devtools.databases import create_database, drop_database, unique_name
+from devtools.embedded import free_port, wait_for_port
+from devtools.sandbox import SandboxServer
 from tests.console.support import Console, api_keys, console_registry
 from tests.fixtures.capabilities import registry_file
 from tests.fixtures.stack import ProcessStack

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 from playwright.async_api import Page
 
+from devtools.registries import capability, registry_of
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.settings import ApiKey, hash_api_key
-from dispatcher.testing.registries import capability, registry_of
 from tests.fixtures.capabilities import approval_capability
 from tests.fixtures.stack import ProcessStack
 from tests.fixtures.waiting import eventually

@@ -19,11 +19,11 @@ from pydantic import SecretStr
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from devtools.embedded import free_port, wait_for_port
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.console.session_rows import PURGE_BATCH
 from dispatcher.db.tables import console_sessions
 from dispatcher.settings import ApiKey, Settings
-from dispatcher.testing.embedded import free_port, wait_for_port
 from tests.fixtures.api import BOB, OPERATOR, control_keys, running_api
 from tests.fixtures.stack import MakeStack, ProcessStack
 from tests.fixtures.waiting import eventually

@@ -1,4 +1,4 @@
-"""A call that needs approval carries it in its view (finding 12 of issue 13): the 201,
+"""A call that needs approval carries it in its view: the 201,
 a replay, GET and the HTTP client all show ``approval: {approvalId, status,
 expiresAt}``, read from the approvals table, and a decision shows up there."""
 

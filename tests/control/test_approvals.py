@@ -14,7 +14,6 @@ from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.cli.approvals import expire_all
 from dispatcher.control import approvals
 from dispatcher.control.actor import Actor
 from dispatcher.db.tables import tool_calls
@@ -43,6 +42,7 @@ from tests.fixtures.rows import (
     event_payloads,
     event_types,
 )
+from tool_dispatcher.approvals import expire_all
 
 pytestmark = pytest.mark.postgres
 

@@ -13,8 +13,8 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import outbox_relay
+from devtools.databases import unique_name
 from dispatcher.db.tables import outbox
-from dispatcher.testing.databases import unique_name
 from tests.fixtures.api import GLOBEX, OPERATOR, READER, bearer
 from tests.fixtures.relay import TopicReader, relay_config
 

@@ -1,4 +1,4 @@
-"""The manifests are executable (issue 18): every Deployment, Job and CronJob of the
+"""The manifests are executable: every Deployment, Job and CronJob of the
 rendered dev overlay runs as a local process, with the container's args after the
 image's entrypoint and the environment its manifest gives it, against the test's
 PostgreSQL, broker and sandbox provider.
@@ -39,9 +39,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from devtools.embedded import free_port
+from devtools.sandbox import SandboxServer
 from dispatcher.settings import hash_api_key
-from dispatcher.testing.embedded import free_port
-from dispatcher.testing.sandbox import SandboxServer
 from tests.deploy.manifests import PREFIX, Manifest, is_setting, render
 from tests.deploy.pods import (
     Container,

@@ -16,7 +16,6 @@ import pytest
 import yaml  # type: ignore[import-untyped]  # no stubs installed; read as Any
 
 from dispatcher.capabilities import load_registry
-from dispatcher.cli.main import build_parser
 from dispatcher.ops import DEFAULT_PORTS
 from dispatcher.settings import DEFAULT_TOPICS, Settings
 from tests.deploy.manifests import (
@@ -30,6 +29,7 @@ from tests.deploy.manifests import (
     pod_specs,
     render,
 )
+from tool_dispatcher.main import build_parser
 
 # The port each process serves its probes on (the API on http_port, the others on
 # their kind's ops port), by its subcommand.

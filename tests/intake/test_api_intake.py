@@ -17,12 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from devtools.databases import unique_name, with_database
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.engine import engine_for
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.settings import Settings, load_settings
 from dispatcher.tenancy import ordering_key
-from dispatcher.testing.databases import unique_name, with_database
 from tests.fixtures.api import (
     ACME_KEY,
     ACME_READ_ONLY_KEY,

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
+from devtools.embedded import free_port
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.settings import ApiKey, Settings, hash_api_key, load_settings
-from dispatcher.testing.embedded import free_port
 from tests.fixtures.api import bearer, running_api
 from tests.fixtures.capabilities import with_capability
 

@@ -1,5 +1,5 @@
-"""Hostile load (issue 13): hypothesis draws hostile submissions (every kind of
-:mod:`dispatcher.testing.hostile`, around text from all of Unicode, invalid JSON
+"""Hostile load: hypothesis draws hostile submissions (every kind of
+:mod:`devtools.hostile`, around text from all of Unicode, invalid JSON
 included) and hostile path ids, sent concurrently with valid submissions whose inputs
 carry arbitrary Unicode, against the real API (uvicorn) and a real PostgreSQL.
 
@@ -31,14 +31,14 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from devtools.embedded import free_port
+from devtools.hostile import KINDS, hostile_body, hostile_path_id, valid_body
 from dispatcher.api.server import api_server
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.engine import engine_for
 from dispatcher.db.tables import approvals, execution_events, outbox, tool_calls
 from dispatcher.settings import Settings
 from dispatcher.tenancy import ordering_key
-from dispatcher.testing.embedded import free_port
-from dispatcher.testing.hostile import KINDS, hostile_body, hostile_path_id, valid_body
 from tests.fixtures.api import ALICE, bearer, control_keys
 from tests.fixtures.capabilities import approval_capability, plain_capability
 

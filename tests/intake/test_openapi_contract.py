@@ -23,13 +23,13 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 
+from devtools.databases import create_database, drop_database, unique_name
+from devtools.embedded import free_port
+from devtools.registries import sandbox_registry
 from dispatcher.api.app import create_app
 from dispatcher.api.server import api_server
 from dispatcher.api.tool_calls import MAX_WAIT_SECONDS
 from dispatcher.settings import load_settings
-from dispatcher.testing.databases import create_database, drop_database, unique_name
-from dispatcher.testing.embedded import free_port
-from dispatcher.testing.registries import sandbox_registry
 from tests.fixtures.api import GLOBEX, control_keys
 
 pytestmark = pytest.mark.postgres
@@ -102,10 +102,9 @@ checks.positive_data_acceptance.expected-statuses = [
 
 
 def _recordable(body: object) -> TypeGuard[dict[str, Any]]:
-    """A body the identifier and input contract of issue 13 (findings 1-3, built on
-    another branch) admits: no NUL anywhere, a printable ASCII toolCallId. Until that
-    contract is merged the rest answer 503 or 500, which each finding's own test shows;
-    after, they answer 400 whatever the capability (allowed on submit, below)."""
+    """A body the identifier and input contract admits: no NUL anywhere, a printable
+    ASCII toolCallId. The rest answer 400 whatever the capability (allowed on submit,
+    below)."""
     if not isinstance(body, dict) or "\\u0000" in json.dumps(body):
         return False
     call_id = body.get("toolCallId")

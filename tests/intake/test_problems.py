@@ -18,11 +18,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import ASGIApp
 
+from devtools.embedded import free_port
 from dispatcher.api import problems
 from dispatcher.api.middleware import BodyLimit
 from dispatcher.api.server import wait_started
 from dispatcher.errors import IllegalTransition
-from dispatcher.testing.embedded import free_port
 
 LIMIT = 64
 

@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.registries import capability, registry_of
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control import approvals
 from dispatcher.control.approvals import DecisionRequest
@@ -31,7 +32,6 @@ from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.tenancy import ordering_key
-from dispatcher.testing.registries import capability, registry_of
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired
 from dispatcher.worker.redrive import redrive_stale

@@ -12,10 +12,10 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from devtools.embedded import free_port
 from dispatcher.db.errors import DbErrorClass, classify
 from dispatcher.db.tables import tool_calls
 from dispatcher.settings import to_sqlalchemy_url
-from dispatcher.testing.embedded import free_port
 
 pytestmark = pytest.mark.postgres
 

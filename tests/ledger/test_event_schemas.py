@@ -19,6 +19,9 @@ from jsonschema import Draft202012Validator, FormatChecker
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.chaos.checker import unfenced
+from devtools.registries import capability
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control import approvals, escalations, runs
 from dispatcher.control import retry as control
@@ -32,9 +35,6 @@ from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import EscalationStatus
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.tenancy import ordering_key
-from dispatcher.testing.chaos.checker import unfenced
-from dispatcher.testing.registries import capability
-from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.views.run_view import fold_run
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired

@@ -7,11 +7,11 @@ from alembic.migration import MigrationContext
 from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine, pool
 
+from devtools.databases import unique_name
 from dispatcher.db import migrate
 from dispatcher.db.tables import metadata
 from dispatcher.settings import to_sqlalchemy_url
 from dispatcher.tenancy import ordering_key
-from dispatcher.testing.databases import unique_name
 from outbox_relay import run_once
 from tests.fixtures.relay import TopicReader, assert_key_order, insert, message, relay_config
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.embedded import Tansu, free_port
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import load_registry
-from dispatcher.testing.embedded import Tansu, free_port
-from dispatcher.testing.sandbox import SandboxServer
 from tests.fixtures.calls import submit_call
 from tests.fixtures.rows import call_row
 from tests.fixtures.sandbox import at_provider, books

@@ -12,9 +12,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
+from devtools.chaos.infra import Infrastructure
+from devtools.embedded import Tansu
 from dispatcher.settings import Settings
-from dispatcher.testing.chaos.infra import Infrastructure
-from dispatcher.testing.embedded import Tansu
 from dispatcher.topics import ensure_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

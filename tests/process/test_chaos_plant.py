@@ -12,7 +12,7 @@ off on purpose must fail on the invariant that guards it.
   dead letter of the same toolCallId; invariant 8 (no tenant's call affected by
   another tenant's).
 
-(The clean run is CI's: `tool-dispatcher chaos --duration 90 --seed 7`.)"""
+(The clean run is CI's: `python -m devtools chaos --duration 90 --seed 7`.)"""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def planted_run(
     env["TMPDIR"] = str(tmp_path)  # the failing run keeps its process logs there
     done = subprocess.run(
         [
-            sys.executable, "-m", "dispatcher", "chaos", "--duration", str(duration),
+            sys.executable, "-m", "devtools", "chaos", "--duration", str(duration),
             "--seed", "5", "--plant", plant, "--report", str(report),
         ],
         env=env,
@@ -83,7 +83,7 @@ def test_shared_keys_are_reported_as_calls_affected_by_another_tenants(
 ) -> None:
     # The tenants' ids meet from the first submissions, and the twin tenant's first
     # oversized call (the 3rd submission) is followed 6 s later by the first tenant's
-    # call of the same toolCallId (dispatcher.testing.chaos.load).
+    # call of the same toolCallId (devtools.chaos.load).
     found, printed = planted_run(tmp_path, pg_server_url, kafka_bootstrap, "shared-keys", 20)
     foreign = found["violations"]["8"]
     assert foreign["count"] > 0, printed

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.testing.embedded import free_port
+from devtools.embedded import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 def run_cli(*args: str, database_url: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TOOL_DISPATCHER_")}
     return subprocess.run(
-        [sys.executable, "-m", "dispatcher", *args],
+        [sys.executable, "-m", "tool_dispatcher", *args],
         env={**clean, "TOOL_DISPATCHER_DATABASE_URL": database_url},
         cwd=REPO,
         capture_output=True,

@@ -30,7 +30,7 @@ def test_demo_runs_the_refund_story(
         }
     )
     done = subprocess.run(
-        [sys.executable, "-m", "dispatcher", "demo"],
+        [sys.executable, "-m", "devtools", "demo"],
         env=env,
         capture_output=True,
         text=True,

@@ -18,8 +18,8 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dispatcher.testing.embedded import free_port, wait_for_port
-from dispatcher.testing.sandbox import SandboxServer
+from devtools.embedded import free_port, wait_for_port
+from devtools.sandbox import SandboxServer
 from tests.fixtures.rows import call_row
 from tests.fixtures.sandbox import add_fault, at_provider
 from tests.fixtures.stack import API_KEY, MakeStack, ProcessStack

@@ -1,4 +1,4 @@
-"""Ops endpoints of the real processes (issue 17): every long-running command of a
+"""Ops endpoints of the real processes: every long-running command of a
 stack answers /healthz, /readyz and /metrics on its configured port; a stopped worker
 fails /healthz; a worker started before the broker is alive but not ready until it has
 joined its group; a process whose database is unreachable is not ready, naming it."""
@@ -13,8 +13,8 @@ import subprocess
 import httpx
 import pytest
 
-from dispatcher.testing.embedded import Tansu, free_port
-from dispatcher.testing.sandbox import SandboxServer
+from devtools.embedded import Tansu, free_port
+from devtools.sandbox import SandboxServer
 from tests.fixtures.metrics import PREFIXES, catalogue
 from tests.fixtures.stack import MakeStack, ProcessStack, exited
 from tests.fixtures.waiting import eventually

@@ -1,4 +1,4 @@
-"""Issue 4's acceptance run: 1,000 calls through API -> relay -> workers -> sandbox with
+"""The pipeline's acceptance run: 1,000 calls through API -> relay -> workers -> sandbox with
 10% dropped responses, 5% 503s and two worker kill -9s, all as real processes."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.embedded import free_port, wait_for_port
 from dispatcher.db.tables import tool_calls
-from dispatcher.testing.embedded import free_port, wait_for_port
 from tests.fixtures.sandbox import add_fault, at_provider, books
 from tests.fixtures.stack import API_KEY, MakeStack, ProcessStack, exited
 from tests.fixtures.waiting import eventually

@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.registries import SANDBOX_REGISTRY, registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.db.tables import escalations, tool_calls
-from dispatcher.testing.registries import SANDBOX_REGISTRY, registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from tests.fixtures.calls import insert_unknown_calls
 from tests.fixtures.capabilities import cron_capability, registry_file
 from tests.fixtures.cli import run_cli
@@ -25,12 +25,12 @@ pytestmark = pytest.mark.postgres
 
 
 async def cli(env: dict[str, str], *args: str) -> tuple[int, str, str]:
-    """``python -m dispatcher`` without blocking the loop the sandbox runs on."""
+    """``python -m tool_dispatcher`` without blocking the loop the sandbox runs on."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TOOL_DISPATCHER_")}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "dispatcher",
+        "tool_dispatcher",
         *args,
         env={**clean, **env},
         cwd=REPO,

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from devtools.databases import create_database, drop_database, unique_name, with_database
+from devtools.registries import registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.db.engine import engine_for, session_factory
 from dispatcher.db.tables import tool_calls
-from dispatcher.testing.databases import create_database, drop_database, unique_name, with_database
-from dispatcher.testing.registries import registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from tests.fixtures.calls import insert_unknown_calls
 from tests.fixtures.capabilities import cron_capability, registry_file
 from tests.fixtures.paths import REPO
@@ -47,14 +47,14 @@ async def test_a_reconciler_started_while_the_database_is_down_waits_for_it(
     sessions = session_factory(engine)
     with log_path.open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "dispatcher", "reconcile",
+            sys.executable, "-m", "tool_dispatcher", "reconcile",
             env=env, cwd=REPO, stdout=log, stderr=log,
         )  # fmt: skip
     try:
 
         async def failed_twice() -> bool:
             text = log_path.read_text(errors="replace")
-            return proc.returncode is not None or text.count("reconcile pass failed") >= 2
+            return proc.returncode is not None or text.count("reconcile: step failed") >= 2
 
         await eventually(failed_twice, what="two passes to fail on the missing database")
         assert proc.returncode is None, log_path.read_text(errors="replace")

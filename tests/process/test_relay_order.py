@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from dispatcher.testing.databases import unique_name
+from devtools.databases import unique_name
 from tests.fixtures.relay import (
     INSERT,
     RelayProcess,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.testing.databases import unique_name
+from devtools.databases import unique_name
 from tests.fixtures.relay import (
     REPO,
     RelayProcess,

@@ -10,8 +10,8 @@ import sys
 import httpx
 import pytest
 
-from dispatcher.testing.embedded import free_port
-from dispatcher.testing.sandbox import SandboxServer, serve_sandbox
+from devtools.embedded import free_port
+from devtools.sandbox import SandboxServer, serve_sandbox
 
 
 @pytest.mark.postgres
@@ -74,7 +74,7 @@ async def test_the_command_serves_until_sigterm() -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "dispatcher.testing.sandbox",
+        "devtools.sandbox",
         "--port",
         str(port),
         stdout=asyncio.subprocess.PIPE,
@@ -106,7 +106,7 @@ async def test_the_command_serves_until_sigterm() -> None:
 )
 def test_bad_arguments_exit_2_with_one_line(argv: list[str]) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "dispatcher.testing.sandbox", *argv],
+        [sys.executable, "-m", "devtools.sandbox", *argv],
         capture_output=True,
         text=True,
         timeout=30,
@@ -121,7 +121,7 @@ def test_bad_arguments_exit_2_with_one_line(argv: list[str]) -> None:
 def test_an_unreachable_database_exits_1_with_one_line() -> None:
     url = f"postgresql://nobody@127.0.0.1:{free_port()}/none"
     done = subprocess.run(
-        [sys.executable, "-m", "dispatcher.testing.sandbox", "--port", "0", "--database-url", url],
+        [sys.executable, "-m", "devtools.sandbox", "--port", "0", "--database-url", url],
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,4 +1,4 @@
-"""Issue 18's scaling claim, run on one machine as the production overlay lays it out:
+"""The production overlay's scaling claim, run on one machine as the overlay lays it out:
 3 API processes, 3 relays, 4 workers and 2 overlapping ``reconcile --once`` runs (the
 CronJob whose runs overlap when one outlasts its schedule), 2,000 calls through them.
 
@@ -21,9 +21,9 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.embedded import free_port, wait_for_port
+from devtools.registries import capability, registry_of
 from dispatcher.db.tables import execution_events, tool_calls
-from dispatcher.testing.embedded import free_port, wait_for_port
-from dispatcher.testing.registries import capability, registry_of
 from tests.fixtures.capabilities import registry_file
 from tests.fixtures.relay import TopicReader
 from tests.fixtures.sandbox import add_fault, at_provider, books

@@ -14,11 +14,11 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.embedded import free_port, wait_for_port
+from devtools.sandbox import SandboxServer
 from dispatcher.db.tables import outbox, tool_calls
 from dispatcher.settings import hash_api_key
 from dispatcher.tenancy import ordering_key
-from dispatcher.testing.embedded import free_port, wait_for_port
-from dispatcher.testing.sandbox import SandboxServer
 from tests.fixtures.calls import make_due
 from tests.fixtures.relay import TopicReader
 from tests.fixtures.sandbox import add_fault, at_provider

@@ -1,4 +1,4 @@
-"""Issue 17's end-to-end trace: API, relay, worker and reconciler as processes
+"""The end-to-end trace: API, relay, worker and reconciler as processes
 exporting OTLP/HTTP to a receiver inside the test, the sandbox as the provider.
 
 One call, submitted with a producer's ``traceparent``, whose answer the provider drops
@@ -24,12 +24,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.embedded import free_port, wait_for_port
+from devtools.registries import capability, registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.db.tables import tool_calls
 from dispatcher.logs import TRANSITIONS_LOGGER
 from dispatcher.provider.client import traceparent
-from dispatcher.testing.embedded import free_port, wait_for_port
-from dispatcher.testing.registries import capability, registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from tests.fixtures.capabilities import registry_file
 from tests.fixtures.otlp import OtlpReceiver, ReceivedSpan
 from tests.fixtures.sandbox import add_fault, at_provider, books

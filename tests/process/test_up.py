@@ -1,4 +1,4 @@
-"""`tool-dispatcher up` (what `make up` runs): it prints the console's URL and a dev key,
+"""`python -m devtools up` (what `make up` runs): it prints the console's URL and a dev key,
 and that key signs in to the console over the plain http `up` serves."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dispatcher.testing.embedded import free_port
-from dispatcher.testing.registries import refund_and_lookup
+from devtools.embedded import free_port
+from devtools.registries import refund_and_lookup
 from tests.fixtures.capabilities import registry_file
 
 pytestmark = pytest.mark.postgres
@@ -62,7 +62,7 @@ def test_up_prints_the_console_and_a_dev_key_that_signs_in(
         "TOOL_DISPATCHER_WORKER_GROUP_ID": f"td-workers-{run}",
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "dispatcher", "up"],
+        [sys.executable, "-m", "devtools", "up"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -17,8 +17,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import load_registry
-from dispatcher.testing.sandbox import SandboxServer
 from tests.fixtures.calls import submit_call
 from tests.fixtures.rows import call_row
 from tests.fixtures.sandbox import add_fault, at_provider, books

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import load_registry
-from dispatcher.testing.sandbox import SandboxServer
 from tests.fixtures.calls import submit_call
 from tests.fixtures.rows import call_row, event_types
 from tests.fixtures.sandbox import add_fault, at_provider, books

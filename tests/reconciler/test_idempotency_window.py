@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import func
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.registries import registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.provider.transport import Transport
-from dispatcher.testing.registries import registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from tests.fixtures.calls import age_calls, insert_call, make_due, shift_clock, unknown_call
 from tests.fixtures.capabilities import reconcile_capability
 from tests.fixtures.reconciling import new_reconciler

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.registries import registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.provider.transport import Transport
-from dispatcher.testing.registries import registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from tests.fixtures.calls import unknown_call
 from tests.fixtures.capabilities import reconcile_capability
 from tests.fixtures.log_lines import LoggingLookup, LoggingProvider, ids_of, json_lines

@@ -8,11 +8,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.registries import registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.tables import execution_events, tool_calls
 from dispatcher.provider.transport import Transport
-from dispatcher.testing.registries import registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from reconciler import Reconciler, Tally
 from reconciler.loop import reconcile_once
 from tests.fixtures.calls import insert_unknown_calls, make_due

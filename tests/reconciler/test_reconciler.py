@@ -11,6 +11,8 @@ from prometheus_client import REGISTRY
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.registries import registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control.compensation import request_compensation
 from dispatcher.db.tables import tool_calls
@@ -18,8 +20,6 @@ from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.tenancy import ordering_key
-from dispatcher.testing.registries import registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired
 from reconciler import Tally, metrics

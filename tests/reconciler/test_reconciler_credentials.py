@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.registries import registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control.compensation import request_compensation
 from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
-from dispatcher.testing.registries import registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from tests.fixtures.calls import make_due, submit_call
 from tests.fixtures.capabilities import reconcile_capability

@@ -12,10 +12,10 @@ import logging
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.registries import registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.provider.transport import Transport
-from dispatcher.testing.registries import registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from reconciler.due import claim_due
 from reconciler.loop import reconcile_once
 from tests.fixtures.calls import insert_unknown_calls, unknown_call

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import REGISTRY
 
-from dispatcher.testing.databases import unique_name
-from dispatcher.testing.embedded import Tansu
+from devtools.databases import unique_name
+from devtools.embedded import Tansu
 from outbox_relay.relay import TRANSIENT, Relay, TransientPublishError
 from tests.fixtures.relay import (
     RunningRelay,

@@ -9,7 +9,7 @@ import logging
 import pytest
 from prometheus_client import REGISTRY
 
-from dispatcher.testing.databases import unique_name
+from devtools.databases import unique_name
 from outbox_relay import (
     discard_dead_letter,
     list_dead_letters,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.testing.databases import unique_name
+from devtools.databases import unique_name
 from outbox_relay.relay import BatchResult, Relay
 from tests.fixtures.relay import TopicReader, insert, message, relay_config, scalar, unpublished
 

@@ -26,8 +26,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from dispatcher.testing.databases import unique_name
-from dispatcher.testing.embedded import free_port, wait_for_port
+from devtools.databases import unique_name
+from devtools.embedded import free_port, wait_for_port
 from outbox_relay.relay import TRANSIENT, Relay, TransientPublishError
 from tests.fixtures.relay import TopicReader, insert, message, relay_config, scalar, unpublished
 from tests.fixtures.waiting import eventually

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from dispatcher.testing.databases import unique_name
+from devtools.databases import unique_name
 from outbox_relay import run_once
 from outbox_relay.relay import Relay
 from tests.fixtures.relay import (

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-import dispatcher.testing.sandbox
-from dispatcher.testing.sandbox import SandboxServer
+import devtools.sandbox
+from devtools.sandbox import SandboxServer
 
 
 @pytest.fixture(params=["memory", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -43,7 +43,7 @@ async def effects(client: httpx.AsyncClient) -> dict[str, Any]:
 
 
 def test_public_surface_is_pinned() -> None:
-    assert sorted(dispatcher.testing.sandbox.__all__) == [
+    assert sorted(devtools.sandbox.__all__) == [
         "Fault",
         "FaultKind",
         "FaultRule",

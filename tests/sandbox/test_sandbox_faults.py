@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from dispatcher.testing.sandbox import SandboxServer
+from devtools.sandbox import SandboxServer
 
 
 @pytest.fixture(params=["memory", pytest.param("postgresql", marks=pytest.mark.postgres)])

@@ -12,13 +12,9 @@ from typing import Any
 
 import pytest
 
-from dispatcher.cli import dev
-from dispatcher.ledger.messages import Producer
-from dispatcher.schemas import EventView
-from dispatcher.states import ExecutionStatus as S
-from dispatcher.states import VerificationStatus as V
-from dispatcher.testing.chaos import run
-from dispatcher.testing.chaos.checker import (
+import devtools.__main__ as dev
+from devtools.chaos import run
+from devtools.chaos.checker import (
     SIZE_ERROR,
     CallRecord,
     DeadLetterSeen,
@@ -27,8 +23,12 @@ from dispatcher.testing.chaos.checker import (
     check,
     unfenced,
 )
-from dispatcher.testing.chaos.proxy import ProxyMode, TcpProxy
-from dispatcher.testing.chaos.schedule import FaultKind, applicable, plan
+from devtools.chaos.proxy import ProxyMode, TcpProxy
+from devtools.chaos.schedule import FaultKind, applicable, plan
+from dispatcher.ledger.messages import Producer
+from dispatcher.schemas import EventView
+from dispatcher.states import ExecutionStatus as S
+from dispatcher.states import VerificationStatus as V
 
 
 def test_plan_is_a_function_of_the_seed() -> None:
@@ -397,9 +397,7 @@ def test_another_tenants_dead_letter_shown_to_a_key_violates_8() -> None:
 def test_the_shared_keys_plant_refuses_to_arm_once_the_key_functions_were_taken() -> None:
     """Rebound after a module took the real functions, it would be a partial plant."""
     armed_late = (
-        "import dispatcher.ledger.events\n"
-        "from dispatcher.testing.chaos import shared_keys\n"
-        "shared_keys.arm()"
+        "import dispatcher.ledger.events\nfrom devtools.chaos import shared_keys\nshared_keys.arm()"
     )
     done = subprocess.run(
         [sys.executable, "-c", armed_late], capture_output=True, text=True, check=False
@@ -531,7 +529,7 @@ async def test_proxy_passes_stalls_and_cuts() -> None:
 )
 def test_bad_arguments_exit_2_with_one_line(args: list[str]) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "dispatcher", "chaos", *args],
+        [sys.executable, "-m", "devtools", "chaos", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -3,7 +3,7 @@ than the configured minimum."""
 
 from __future__ import annotations
 
-from dispatcher.testing.registries import capability
+from devtools.registries import capability
 from dispatcher.worker.claims import lease_seconds
 
 

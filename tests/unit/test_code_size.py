@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("dispatcher", "outbox_relay", "reconciler", "telemetry", "examples")
+PACKAGES = ("dispatcher", "outbox_relay", "reconciler", "kit", "tool_dispatcher", "examples")
 EXEMPT_DIRECTORIES = ("dispatcher/db/migrations/versions",)
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80

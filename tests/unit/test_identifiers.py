@@ -7,9 +7,9 @@ import pytest
 from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
 
+from devtools.registries import capability
 from dispatcher.capabilities import render_key_template
 from dispatcher.schemas import MAX_INPUT_DEPTH, check_identifier, unstorable
-from dispatcher.testing.registries import capability
 
 PRINTABLE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "/")
 

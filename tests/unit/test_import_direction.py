@@ -1,4 +1,5 @@
-"""Import direction: ``reconciler -> dispatcher -> outbox_relay``, never backwards.
+"""Import direction: ``tool_dispatcher -> reconciler -> dispatcher -> outbox_relay -> kit``,
+never backwards, and nothing of the product imports the dev tooling or the benchmarks.
 
 Read from the source with :mod:`ast`, so an import inside a function or behind
 ``TYPE_CHECKING`` counts just the same.
@@ -48,12 +49,18 @@ def top_level_imports(package: str) -> dict[str, set[str]]:
     }
 
 
+# Outside the product: never imported by it, whatever the depth of the import.
+_DEV = {"devtools", "bench", "tests"}
+
+
 @pytest.mark.parametrize(
     ("package", "forbidden"),
     [
-        ("outbox_relay", {"dispatcher", "reconciler"}),
-        ("dispatcher", {"reconciler"}),
-        ("telemetry", {"dispatcher", "reconciler", "outbox_relay"}),
+        ("outbox_relay", {"dispatcher", "reconciler", "tool_dispatcher", *_DEV}),
+        ("dispatcher", {"reconciler", "tool_dispatcher", *_DEV}),
+        ("reconciler", {"tool_dispatcher", *_DEV}),
+        ("tool_dispatcher", _DEV),
+        ("kit", {"dispatcher", "reconciler", "outbox_relay", "tool_dispatcher", *_DEV}),
     ],
 )
 def test_package_does_not_import_upstream(package: str, forbidden: set[str]) -> None:
@@ -94,45 +101,12 @@ def test_every_import_form_is_seen() -> None:
     }
 
 
-def _module_level_imports(source: str, package: str) -> set[str]:
-    """Modules imported at module level (not inside a function), TYPE_CHECKING included."""
-    tree = ast.parse(source)
-    inner = {
-        id(node)
-        for fn in ast.walk(tree)
-        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
-        for node in ast.walk(fn)
-    }
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in inner or not isinstance(node, ast.Import | ast.ImportFrom):
-            continue
-        found |= imported_modules(ast.unparse(node), package)
-    return found
-
-
-def test_the_cli_reaches_dev_tooling_only_inside_its_handlers() -> None:
-    # A production `serve` or `worker` must not load the sandbox or the chaos harness:
-    # import-linter allows dispatcher.cli.dev -> dispatcher.testing; this keeps it lazy.
-    offenders = {
-        str(path.relative_to(REPO)): sorted(
-            name
-            for name in _module_level_imports(path.read_text(), "dispatcher.cli")
-            if name.startswith("dispatcher.testing")
-        )
-        for path in sorted((REPO / "dispatcher" / "cli").glob("*.py"))
-    }
-    assert {path: names for path, names in offenders.items() if names} == {}
-    lazy = imported_modules((REPO / "dispatcher" / "cli" / "dev.py").read_text(), "dispatcher.cli")
-    assert any(name.startswith("dispatcher.testing") for name in lazy)
-
-
 def test_a_production_command_does_not_load_dev_tooling() -> None:
     code = (
         "import sys\n"
-        "from dispatcher.cli.main import build_parser\n"
+        "from tool_dispatcher.main import build_parser\n"
         "build_parser().parse_args(['worker'])\n"
-        "print(sorted(m for m in sys.modules if m.startswith('dispatcher.testing')))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('devtools')))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60

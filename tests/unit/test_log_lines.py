@@ -1,4 +1,4 @@
-"""The JSON log line (outbox_relay.logs.JsonLines, with dispatcher.logs's call
+"""The JSON log line (kit.logs.JsonLines, with dispatcher.logs's call
 context): its fields, keys without a value left out, the current span's ids, the
 exception's text, and one line per record whatever the message holds."""
 
@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import format_span_id, format_trace_id
 
 from dispatcher.logs import current_context, log_context
-from outbox_relay.logs import JsonLines
+from kit.logs import JsonLines
 
 
 class Lines:

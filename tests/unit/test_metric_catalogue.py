@@ -1,7 +1,7 @@
 """docs/metrics.md is the metric catalogue: every metric the service's modules define is
 in it, with its type and label names, and it names nothing they do not define.
 
-Pure: importing every module of the three packages defines every metric (they are
+Pure: importing every module of the four packages defines every metric (they are
 module-level, in the default registry); nothing is scraped. The end-to-end check that
 each process exposes its metrics over HTTP reuses :func:`tests.fixtures.metrics.catalogue`.
 """
@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
 import dispatcher
+import kit
 import outbox_relay
 import reconciler
-from tests.fixtures.metrics import PREFIXES, Entry, catalogue
+from tests.fixtures.metrics import LOOPS, PREFIXES, Entry, catalogue
 
-PACKAGES = (dispatcher, outbox_relay, reconciler)
+PACKAGES = (dispatcher, outbox_relay, reconciler, kit)
 
 
 def import_everything() -> None:
@@ -84,6 +86,21 @@ def test_every_entry_says_what_it_means_and_where_it_moves() -> None:
         assert entry.meaning and entry.where and entry.values, entry
         assert entry.type in {"counter", "gauge", "histogram"}, entry
         assert ("—" in entry.values) == (entry.labels == ()), entry
+
+
+def test_the_loops_the_code_runs_are_the_catalogued_ones() -> None:
+    """The ``loop`` label's values: each loop's name in the code, the bounded set the
+    label checks hold samples to, and the catalogue's two rows, all the same set."""
+    from dispatcher.worker.consumer import RECOVERY_LOOP, REDRIVE_LOOP
+    from outbox_relay.relay import HOUSEKEEPING_LOOP
+    from reconciler.loop import LOOP as RECONCILE_LOOP
+    from tool_dispatcher.approvals import LOOP as APPROVALS_LOOP
+
+    named = {RECOVERY_LOOP, REDRIVE_LOOP, HOUSEKEEPING_LOOP, RECONCILE_LOOP, APPROVALS_LOOP}
+    assert named == LOOPS
+    entries = by_name(catalogue())
+    for name in ("loop_step_errors_total", "loop_step_seconds"):
+        assert set(re.findall(r"`([a-z_]+)`", entries[name].values)) == LOOPS, name
 
 
 @pytest.mark.parametrize(

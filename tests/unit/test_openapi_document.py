@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from devtools.registries import sandbox_registry
 from dispatcher import schemas
 from dispatcher.api.app import create_app
 from dispatcher.settings import load_settings
-from dispatcher.testing.registries import sandbox_registry
 
 PROBLEM = "application/problem+json"
 # The body model of each operation that takes one; the others take none.

@@ -9,8 +9,8 @@ import time
 
 import httpx
 
+from devtools.embedded import free_port
 from dispatcher.ops import NotReady, Ops, serve_ops
-from dispatcher.testing.embedded import free_port
 
 HOST = "127.0.0.1"
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from multidict import CIMultiDict
 
+from devtools.registries import capability
 from dispatcher.provider.client import (
     OutcomeKind,
     ProviderClient,
@@ -23,7 +24,6 @@ from dispatcher.provider.client import (
     traceparent,
 )
 from dispatcher.provider.transport import Reply, Transport
-from dispatcher.testing.registries import capability
 
 WRITE = capability("refund")
 READ = capability("lookup", side_effects=False)

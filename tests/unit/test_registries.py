@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from devtools.registries import capability, refund_and_lookup, registry_of
 from dispatcher.capabilities import CapabilityRegistry, load_registry
-from dispatcher.testing.registries import capability, refund_and_lookup, registry_of
 from tests.fixtures.capabilities import (
     approval_capability,
     cron_capability,

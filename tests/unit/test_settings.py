@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from dispatcher.relay import relay_config
+from dispatcher.relay_process import relay_config
 from dispatcher.settings import (
     ALL_SCOPES,
     ApiKey,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-import telemetry
 from dispatcher.settings import Settings
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.tracing import call_attributes, trace_headers
+from kit import telemetry
 from reconciler.due import DueCall
 from reconciler.rulings import Compensated, Escalation, Retry, Settlement
 from reconciler.spans import _found

@@ -10,12 +10,12 @@ import pytest
 from sqlalchemy import text, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from devtools.chaos.diagnose import diagnose, worker_summary
+from devtools.registries import capability, registry_of
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.tables import outbox
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.tenancy import ordering_key
-from dispatcher.testing.chaos.diagnose import diagnose, worker_summary
-from dispatcher.testing.registries import capability, registry_of
 from tests.fixtures.calls import submit_call
 
 pytestmark = pytest.mark.postgres

@@ -13,6 +13,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.registries import capability, registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.errors import TransitionConflict
 from dispatcher.ledger.messages import Producer
@@ -20,8 +22,6 @@ from dispatcher.provider.client import OutcomeKind, ProviderClient, ProviderOutc
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus as S
-from dispatcher.testing.registries import capability, registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.claims import claim_calls
 from dispatcher.worker.crashpoints import CrashPoints
 from dispatcher.worker.executor import Executor

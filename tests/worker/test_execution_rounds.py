@@ -13,13 +13,13 @@ from aiohttp import web
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.registries import capability, registry_of
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.tables import tool_calls
 from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
-from dispatcher.testing.registries import capability, registry_of
 from dispatcher.worker.executor import Executor
 from tests.fixtures.calls import submit_call
 

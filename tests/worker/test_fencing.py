@@ -12,13 +12,13 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.registries import capability, registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.provider.client import OutcomeKind, ProviderClient, ProviderOutcome
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
-from dispatcher.testing.registries import capability, registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Claim, Executor
 from dispatcher.worker.recovery import recover_expired
 from tests.fixtures.calls import expire_leases, submit_call

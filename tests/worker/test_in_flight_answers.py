@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.registries import capability, registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control.actor import Actor
 from dispatcher.control.retry import retry_call
@@ -17,8 +19,6 @@ from dispatcher.provider.transport import Transport
 from dispatcher.schemas import RetryRequest
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
-from dispatcher.testing.registries import capability, registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from tests.fixtures.calls import submit_call
 from tests.fixtures.rows import call_row, event_types

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.embedded import free_port
+from devtools.registries import capability, registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.tenancy import provider_key
-from dispatcher.testing.embedded import free_port
-from dispatcher.testing.registries import capability, registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from tests.fixtures.calls import submit_call
 from tests.fixtures.rows import (

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from devtools.embedded import free_port
 from dispatcher.capabilities import Capability
 from dispatcher.provider.client import DispatchRequest, OutcomeKind, ProviderClient
 from dispatcher.provider.transport import MaybeReceived, NotSent, Transport
-from dispatcher.testing.embedded import free_port
 from tests.fixtures.local_server import LocalServer
 
 OK = b'{"status":"succeeded","externalRequestId":"ext-1","result":{}}'

@@ -12,13 +12,13 @@ import pytest
 from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.registries import capability, registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry, load_registry
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.ledger.messages import Producer, ce_source, enqueue, outbox_row
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.tenancy import ordering_key
-from dispatcher.testing.registries import capability, registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker import redrive as redrive_module
 from dispatcher.worker.redrive import redrive_stale
 from tests.fixtures.calls import insert_call, submit_call

@@ -12,6 +12,8 @@ import pytest
 from sqlalchemy import text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.registries import capability, registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.tables import tool_calls
 from dispatcher.errors import TransitionConflict
@@ -21,8 +23,6 @@ from dispatcher.provider.client import OutcomeKind, ProviderClient, ProviderOutc
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus as S
-from dispatcher.testing.registries import capability, registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from tests.fixtures.calls import unknown_call
 from tests.fixtures.rows import call_row, events_of, outbox_rows

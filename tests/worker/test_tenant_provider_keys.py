@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from devtools.registries import capability, registry_of
+from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.intake.service import submit
 from dispatcher.provider.client import ProviderClient
@@ -18,8 +20,6 @@ from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.tenancy import provider_key
-from dispatcher.testing.registries import capability, registry_of
-from dispatcher.testing.sandbox import SandboxServer
 from dispatcher.worker.executor import Executor
 from tests.fixtures.calls import insert_unknown_calls
 from tests.fixtures.capabilities import reconcile_capability

@@ -1,0 +1,59 @@
+"""The suite's fixtures live in ``tests/fixtures`` (one plugin per concern), for the
+tests in ``tests/`` and the benchmarks' own in ``bench/tests``; each test is marked
+with the folder it lives in, so ``pytest -m unit`` runs the pure unit tests
+and ``pytest -m "not process"`` leaves out the tests that start processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = [
+    "tests.fixtures.services",
+    "tests.fixtures.sandbox",
+    "tests.fixtures.capabilities",
+    "tests.fixtures.api",
+    "tests.fixtures.stack",
+    "tests.fixtures.otlp",
+    "tests.fixtures.browser",
+    "tests.fixtures.metrics",
+]
+
+TESTS = Path(__file__).resolve().parent / "tests"
+BENCH_TESTS = TESTS.parent / "bench" / "tests"
+# A test folder is a concept; its name is the marker of every test in it.
+FOLDERS = (
+    "unit",
+    "ledger",
+    "intake",
+    "worker",
+    "control",
+    "reconciler",
+    "relay",
+    "sandbox",
+    "client",
+    "process",
+    "console",
+    "deploy",
+)
+# Fixtures that reach a server outside the test's own process.
+SERVICES = {"pg_server_url", "kafka_bootstrap"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(BENCH_TESTS):
+            # The benchmarks' own tests live beside them (bench/tests).
+            item.add_marker("bench")
+            continue
+        folder = item.path.relative_to(TESTS).parts[0]
+        if folder not in FOLDERS:
+            continue
+        item.add_marker(folder)
+        servers = SERVICES & set(getattr(item, "fixturenames", ()))
+        if folder == "unit" and servers:
+            raise pytest.UsageError(
+                f"{item.nodeid} needs a server ({', '.join(sorted(servers))}): a unit test"
+                " may not; move it to the folder of its concept"
+            )

@@ -1,0 +1,351 @@
+"""One chaos run, start to finish: infrastructure, processes, load and faults, settling,
+the invariants, the report."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from devtools.chaos.checker import INVARIANTS, Evidence, check, explained
+from devtools.chaos.dead_letters import DeadLetterDesk
+from devtools.chaos.diagnose import diagnose
+from devtools.chaos.evidence import gather, unsettled_count
+from devtools.chaos.faults import Injector
+from devtools.chaos.infra import Infrastructure, infrastructure
+from devtools.chaos.isolation import shared_names
+from devtools.chaos.load import MAX_MESSAGE_BYTES, READ_ONLY, TENANTS, Load
+from devtools.chaos.proxy import TcpProxy
+from devtools.chaos.report import ChaosReport
+from devtools.chaos.schedule import FaultKind, PlannedFault, plan
+from devtools.chaos.stack import capabilities_toml, chaos_env
+from devtools.chaos.supervisor import Supervisor
+from devtools.embedded import free_port
+from dispatcher.db.engine import engine_for
+from dispatcher.settings import Settings, environment_without_settings
+from dispatcher.topics import ensure_topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Plant:
+    """A defect planted on purpose: what runs instead of the real code, and the fault a
+    planted run (a short one) leads with so that the defect has work to do early."""
+
+    lead: FaultKind | None
+    worker: str | None = None
+    """The module the workers run instead of the real worker."""
+    cli: str | None = None
+    """The module every process of the service (API, workers, relays, reconciler)
+    runs instead of the CLI, ``python -m tool_dispatcher``."""
+
+
+PLANTS = {
+    "blind-retry": Plant(FaultKind.PROVIDER_DROP_AFTER_APPLY, worker="devtools.chaos.blind_worker"),
+    "stale-fence": Plant(FaultKind.ZOMBIE_READ_ONLY, worker="devtools.chaos.stale_fence_worker"),
+    # Tenants meet from the first submission: no fault is needed to provoke it.
+    "shared-keys": Plant(None, cli="devtools.chaos.shared_keys"),
+}
+WORKERS = 2
+RELAYS = 2
+
+
+@dataclass(frozen=True)
+class ChaosOptions:
+    duration: float
+    seed: int
+    rate: float = 8.0
+    plant: str | None = None
+    settle_timeout: float = 90.0
+    keep: bool = False
+    """Keep the run's directory (process logs) even when it passed."""
+
+
+async def run_chaos(options: ChaosOptions, settings: Settings) -> ChaosReport:
+    started = time.monotonic()
+    # Kept short ($TMPDIR, default /tmp): the embedded server's Unix socket lives in
+    # here, and socket paths are limited to about 100 bytes.
+    work = Path(tempfile.mkdtemp(prefix=f"td-chaos-{options.seed}-"))
+    async with infrastructure(settings, work, options.seed) as infra:
+        report = await _run(options, infra, work, started)
+    if report.passed and not options.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        report.notes.append(f"process logs kept in {work}")
+    return report
+
+
+async def _run(
+    options: ChaosOptions, infra: Infrastructure, work: Path, started: float
+) -> ChaosReport:
+    sandbox_port, api_port = free_port(), free_port()
+    sandbox_url = f"http://127.0.0.1:{sandbox_port}"
+    proxy = TcpProxy("127.0.0.1", sandbox_port)
+    await proxy.start()
+    (work / "capabilities.toml").write_text(
+        capabilities_toml(f"http://127.0.0.1:{proxy.port}", sandbox_url)
+    )
+    (work / "logs").mkdir()
+    # One API key a tenant: each tenant submits, approves and handles its dead letters
+    # through its own.
+    api_keys = {tenant: "tdk_chaos_" + secrets.token_urlsafe(16) for tenant in TENANTS}
+    env = _environment(work, infra, api_port, api_keys, options.seed)
+    await _make_topics(infra, env)
+    plant = PLANTS[options.plant] if options.plant else None
+    supervisor = _supervisor(work / "logs", env, sandbox_port, plant)
+    engine = engine_for(infra.database_url, pool_size=2)
+    load = Load(f"http://127.0.0.1:{api_port}", api_keys, seed=options.seed, rate=options.rate)
+    desk = DeadLetterDesk(engine, load, oversized=load.stats.oversized, limit=MAX_MESSAGE_BYTES)
+    injector = Injector(supervisor, infra, proxy, sandbox_url)
+    faults = plan(
+        options.seed,
+        options.duration,
+        owns_database=infra.owns_database,
+        owns_broker=infra.owns_broker,
+        lead=plant.lead if plant else None,
+    )
+    watcher: asyncio.Task[None] | None = None
+    try:
+        supervisor.start_all()
+        await _ready(f"{sandbox_url}/v1/health", f"http://127.0.0.1:{api_port}/readyz")
+        watcher = asyncio.create_task(supervisor.watch())
+        stop_load, stop_approver = asyncio.Event(), asyncio.Event()
+        submitting = asyncio.create_task(load.submit_until(stop_load))
+        approving = asyncio.create_task(load.approve_until(stop_approver))
+        await _inject(injector, faults, options.duration)
+        stop_load.set()
+        await submitting
+        await injector.lift_all()
+        lifted = time.monotonic()
+        settled = await _settle(engine, options.settle_timeout, desk)
+        done = time.monotonic()
+        # Taken at once, while whatever kept the run from settling still holds.
+        notes = (
+            []
+            if settled
+            else await diagnose(engine, work / "logs", env["TOOL_DISPATCHER_DISPATCH_TOPIC"])
+        )
+        stop_approver.set()
+        await approving
+        notes += await _last_sweep(desk)
+        await load.close()
+        evidence = await _evidence(engine, sandbox_url, load, desk, env)
+        report = _report(
+            options,
+            infra,
+            work,
+            load,
+            injector,
+            supervisor,
+            evidence,
+            settle_seconds=done - lifted if settled else None,
+            since_last_fault_seconds=done - (injector.last_injected or lifted) if settled else None,
+            wall_seconds=time.monotonic() - started,
+        )
+        report.notes += notes
+        return report
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        await asyncio.to_thread(supervisor.stop_all)
+        await proxy.stop()
+        await engine.dispose()
+
+
+def _environment(
+    work: Path, infra: Infrastructure, api_port: int, api_keys: Mapping[str, str], seed: int
+) -> dict[str, str]:
+    """The run's settings only: nothing of the caller's TOOL_DISPATCHER_* leaks in."""
+    tag = f"{seed}-{secrets.token_hex(3)}"
+    return {
+        **environment_without_settings(),
+        **chaos_env(work, infra, api_port=api_port, api_keys=api_keys, tag=tag),
+    }
+
+
+async def _evidence(
+    engine: AsyncEngine,
+    sandbox_url: str,
+    load: Load,
+    desk: DeadLetterDesk,
+    env: Mapping[str, str],
+) -> Evidence:
+    """What the invariants are checked against: the database, the sandbox, the load's
+    stats and the dead letters the tenants handled."""
+    return await gather(
+        engine,
+        sandbox_url,
+        load.stats,
+        desk,
+        read_only={READ_ONLY},
+        dispatch_topic=env["TOOL_DISPATCHER_DISPATCH_TOPIC"],
+        max_message_bytes=MAX_MESSAGE_BYTES,
+    )
+
+
+async def _last_sweep(desk: DeadLetterDesk) -> list[str]:
+    """The dead letters made while the run settled (the last escalations): every row is
+    published or dead by now. Notes on what kept them from being handled."""
+    try:
+        await desk.sweep()
+    except Exception as exc:  # the checker then finds them unhandled: say why
+        log.exception("the last dead-letter sweep failed")
+        return [f"the last dead-letter sweep failed: {type(exc).__name__}: {exc}"]
+    return []
+
+
+async def _make_topics(infra: Infrastructure, env: Mapping[str, str]) -> None:
+    """The run's own topics, named in its environment."""
+    infra.topics = Settings(
+        kafka_bootstrap=infra.kafka_bootstrap,
+        dispatch_topic=env["TOOL_DISPATCHER_DISPATCH_TOPIC"],
+        events_topic=env["TOOL_DISPATCHER_EVENTS_TOPIC"],
+        escalations_topic=env["TOOL_DISPATCHER_ESCALATIONS_TOPIC"],
+        topic_partitions=int(env["TOOL_DISPATCHER_TOPIC_PARTITIONS"]),
+    )
+    await ensure_topics(infra.topics)
+
+
+def _report(
+    options: ChaosOptions,
+    infra: Infrastructure,
+    work: Path,
+    load: Load,
+    injector: Injector,
+    supervisor: Supervisor,
+    evidence: Evidence,
+    *,
+    settle_seconds: float | None,
+    since_last_fault_seconds: float | None,
+    wall_seconds: float,
+) -> ChaosReport:
+    violations = check(evidence)
+    if supervisor.unexpected_exits.get("sandbox"):
+        violations[3].append("the sandbox restarted: its books are incomplete")
+    return ChaosReport(
+        seed=options.seed,
+        duration_seconds=options.duration,
+        plant=options.plant,
+        infrastructure={
+            "database": "embedded PostgreSQL" if infra.owns_database else "configured server",
+            "broker": "embedded Tansu" if infra.owns_broker else "configured broker",
+        },
+        submissions=load.stats.summary(),
+        calls_by_status=dict(
+            sorted(Counter(c.status.value for c in evidence.calls.values()).items())
+        ),
+        faults=dict(sorted(injector.injected.items())),
+        fault_log=injector.log,
+        unexpected_exits=dict(sorted(supervisor.unexpected_exits.items())),
+        violations=violations,
+        settled=settle_seconds is not None,
+        settle_seconds=settle_seconds,
+        since_last_fault_seconds=since_last_fault_seconds,
+        wall_seconds=wall_seconds,
+        effects_applied=sum(evidence.effects.values()),
+        commands_reemitted=evidence.commands_reemitted,
+        taken_over=evidence.taken_over,
+        escalation_reasons=dict(evidence.escalation_reasons),
+        fenced=_count_in_logs(work / "logs", "worker-", "not recorded: lease lost"),
+        tenancy=_tenancy(evidence),
+    )
+
+
+def _tenancy(evidence: Evidence) -> dict[str, Any]:
+    """What the tenants shared, and what became of the dead letters: what invariants 5
+    and 8 had to bite on."""
+    dead = evidence.dead_letters
+    return {
+        "callsByTenant": dict(sorted(Counter(t for t, _ in evidence.calls).items())),
+        "sharedByTenants": shared_names(evidence.calls.values()),
+        "deadLetters": len(dead),
+        "deadLettersOnPurpose": sum(
+            explained(d, evidence.oversized, evidence.max_message_bytes) for d in dead
+        ),
+        "deadLettersDiscarded": sum(evidence.discarded.get(d.id) == "200" for d in dead),
+        "rowsThatWaitedBehindThem": sum(len(d.waiting) for d in dead),
+        "maxMessageBytes": evidence.max_message_bytes,
+        "largestPublishedBytes": evidence.largest_published,
+    }
+
+
+def _supervisor(
+    logs: Path, env: dict[str, str], sandbox_port: int, plant: Plant | None
+) -> Supervisor:
+    """The run's processes: the sandbox, the API, workers, relays and the reconciler."""
+    supervisor = Supervisor(logs, env)
+    sandbox = ["-m", "devtools", "sandbox", "--port", str(sandbox_port)]
+    supervisor.add("sandbox", "sandbox", sandbox)
+    cli = ["-m", plant.cli if plant and plant.cli else "tool_dispatcher"]
+    supervisor.add("api", "api", [*cli, "serve"])
+    worker = ["-m", plant.worker] if plant and plant.worker else [*cli, "worker"]
+    for i in range(WORKERS):
+        supervisor.add(f"worker-{i}", "worker", worker)
+    for i in range(RELAYS):
+        supervisor.add(f"relay-{i}", "relay", [*cli, "relay"])
+    supervisor.add("reconciler", "reconciler", [*cli, "reconcile"])
+    return supervisor
+
+
+async def _inject(injector: Injector, faults: list[PlannedFault], duration: float) -> None:
+    """The fault phase: each fault at its planned time, then wait out the duration."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for fault in faults:
+        await asyncio.sleep(max(0.0, t0 + fault.at - loop.time()))
+        await injector.inject(fault, loop.time() - t0)
+    await asyncio.sleep(max(0.0, t0 + duration - loop.time()))
+
+
+def _count_in_logs(logs: Path, prefix: str, needle: str) -> int:
+    return sum(
+        path.read_text(errors="replace").count(needle) for path in logs.glob(f"{prefix}*.log")
+    )
+
+
+async def _ready(*urls: str, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        for url in urls:
+            while True:
+                try:
+                    if (await client.get(url)).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{url} did not come up")
+                await asyncio.sleep(0.2)
+
+
+async def _settle(engine: AsyncEngine, within: float, desk: DeadLetterDesk) -> bool:
+    """Wait until every call is settled and the outbox is drained, or ``within`` s.
+    Meanwhile each tenant handles its dead letters (the desk's sweep), so that rows
+    waiting behind one the run made on purpose flow again."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            calls, rows = await unsettled_count(engine)
+            if calls == 0 and rows == 0:
+                return True
+            await desk.sweep()
+        except Exception:  # the database just came back; ask again
+            log.exception("settle check failed")
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.5)
+
+
+__all__ = ["INVARIANTS", "PLANTS", "ChaosOptions", "run_chaos"]
