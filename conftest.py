@@ -5,6 +5,7 @@ and ``pytest -m "not process"`` leaves out the tests that start processes."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,23 @@ FOLDERS = (
 )
 # Fixtures that reach a server outside the test's own process.
 SERVICES = {"pg_server_url", "kafka_bootstrap"}
+
+
+class _NoImplicitLoopPolicy(asyncio.DefaultEventLoopPolicy):
+    """Python 3.11's policy makes a new event loop out of thin air whenever
+    ``get_event_loop()`` is called in the main thread with none set, as pytest-asyncio
+    does after a test ran ``asyncio.run``; nobody closes that loop, and when the
+    garbage collector finds it during a later test, its ResourceWarnings fail that test
+    (``filterwarnings = error``). Python 3.12 stops making them; this does so now."""
+
+    def get_event_loop(self) -> asyncio.AbstractEventLoop:
+        if self._local._loop is None:  # type: ignore[attr-defined]
+            raise RuntimeError("no current event loop in this thread")
+        return super().get_event_loop()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    asyncio.set_event_loop_policy(_NoImplicitLoopPolicy())
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
