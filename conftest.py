@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.fixtures.otlp",
     "tests.fixtures.browser",
     "tests.fixtures.metrics",
+    "tests.fixtures.history",
 ]
 
 TESTS = Path(__file__).resolve().parent / "tests"
@@ -31,6 +32,7 @@ FOLDERS = (
     "worker",
     "control",
     "reconciler",
+    "retention",
     "relay",
     "sandbox",
     "client",

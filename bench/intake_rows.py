@@ -24,10 +24,10 @@ PRODUCER = "tool-dispatcher.intake"
 
 
 # One call writes: the tool_calls row (RETURNING *), two execution_events rows
-# (requested, authorized) and three outbox rows (both events published on the events
+# (requested, authorized), three outbox rows (both events published on the events
 # topic, keyed by the tenant's run, and the dispatch command, keyed by the tenant's
-# call). The ceilings write exactly these rows in the fewest plain statements: one
-# INSERT per table.
+# call) and the count of its run's summary (an upsert of the run_summaries row). The
+# ceilings write exactly these rows in the fewest plain statements: one per table.
 
 _CALL_COLUMNS = (
     "tool_call_id, tenant, run_id, turn_id, capability_id, input, idempotency_key, "
@@ -38,6 +38,10 @@ _EVENT_COLUMNS = (
     "capability_id, correlation_id, causation_id, tool_call_id, schema_version, "
     "occurred_at, payload"
 )
+SUMMARY_SQL = (
+    "INSERT INTO run_summaries AS r (tenant, run_id, authorized) VALUES (%s, %s, 1) "
+    "ON CONFLICT (tenant, run_id) DO UPDATE SET authorized = r.authorized + 1, updated_at = now()"
+)
 PSYCOPG_SQL = (
     f"INSERT INTO tool_calls ({_CALL_COLUMNS}) VALUES "
     "(%s, %s, %s, NULL, %s, %s, %s, %s, %s, 'authorized', NULL, NULL, NULL) "
@@ -47,6 +51,7 @@ PSYCOPG_SQL = (
     "(%s, 'tool.call.authorized', %s, %s, NULL, %s, NULL, %s, NULL, %s, %s, 1, %s, %s)",
     "INSERT INTO outbox (topic, key, payload, headers) VALUES "
     "(%s, %s, %s, %s), (%s, %s, %s, %s), (%s, %s, %s, %s)",
+    SUMMARY_SQL,
 )
 
 
@@ -124,7 +129,7 @@ INSERT INTO tool_calls ({_CALL_COLUMNS}) VALUES ({tc}, '{TENANT}', {run}, NULL, 
 INSERT INTO execution_events ({_EVENT_COLUMNS}) VALUES
   ({req}, 'tool.call.requested', '{TENANT}', {run}, NULL, '{PRODUCER}', NULL,
    '{CAPABILITY}', NULL, NULL, {tc}, 1, now(),
-   jsonb_build_object('idempotencyKey', {tc}, 'requiresApproval', false)),
+   jsonb_build_object('requiresApproval', false)),
   ({auth}, 'tool.call.authorized', '{TENANT}', {run}, NULL, '{PRODUCER}', NULL,
    '{CAPABILITY}', NULL, {req}, {tc}, 1, now(), '{{"reason": "no approval required"}}'::jsonb);
 INSERT INTO outbox (topic, key, payload, headers) VALUES
@@ -132,6 +137,7 @@ INSERT INTO outbox (topic, key, payload, headers) VALUES
   {event(auth, "tool.call.authorized", req)},
   ('{TOPIC}', '{TENANT}/' || {tc}, {command},
    {headers("gen_random_uuid()::text", "tool.call.dispatch")});
+{SUMMARY_SQL.replace("%s", "{}").format(f"'{TENANT}'", run)};
 COMMIT;
 """
 
@@ -139,7 +145,7 @@ COMMIT;
 def raw_rows(run: str) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
     """The same rows as intake writes, in raw psycopg, on the connection it is given
     (in the transaction open there)."""
-    call_sql, events_sql, outbox_sql = PSYCOPG_SQL
+    call_sql, events_sql, outbox_sql, summary_sql = PSYCOPG_SQL
     fp = fingerprint(CAPABILITY, INPUT)
 
     async def write(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -164,7 +170,7 @@ def raw_rows(run: str) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[Non
             events_sql,
             (
                 *(req, TENANT, run, PRODUCER, CAPABILITY, tc, now),
-                Jsonb({"idempotencyKey": tc, "requiresApproval": False}),
+                Jsonb({"requiresApproval": False}),
                 *(auth, TENANT, run, PRODUCER, CAPABILITY, req, tc, now),
                 Jsonb({"reason": "no approval required"}),
             ),
@@ -178,5 +184,6 @@ def raw_rows(run: str) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[Non
                 Jsonb(_headers(str(uuid.uuid4()), "tool.call.dispatch", iso)),
             ),
         )
+        await conn.execute(summary_sql, (TENANT, run))
 
     return write

@@ -336,15 +336,20 @@ class EventLog(_View):
 
 
 class ApprovalList(_View):
-    """The answer of ``GET /v1/approvals``."""
+    """The answer of ``GET /v1/approvals``, expiring soonest first: ``next`` is the
+    ``after`` of the next page (an opaque cursor), null on the last one."""
 
     approvals: list[ApprovalView]
+    next: str | None
 
 
 class EscalationList(_View):
-    """The answer of ``GET /v1/escalations``."""
+    """The answer of ``GET /v1/escalations``, open first, then acknowledged, then
+    resolved, oldest first within each: ``next`` is the ``after`` of the next page (an
+    opaque cursor), null on the last one."""
 
     escalations: list[EscalationView]
+    next: str | None
 
 
 class DeadLetterView(_View):

@@ -99,6 +99,21 @@ TERMINAL_STATES: frozenset[ExecutionStatus] = frozenset(
 # escalated call stays put until an operator resolves or retries it).
 SETTLED_STATES: frozenset[ExecutionStatus] = TERMINAL_STATES | {S.ESCALATED}
 
+# The system is working on a call in these states (no human is being waited for): a run
+# with such a call is busy, in its view (dispatcher.views.run_view) and in its summary
+# (run_summaries.busy) alike.
+BUSY_STATES: frozenset[ExecutionStatus] = frozenset(
+    {S.AUTHORIZED, S.DISPATCHING, S.ACCEPTED, S.RESULT_UNKNOWN}
+)
+
+# Every state a call can still leave, in the enum's order: the live set. It stays small
+# however long the history, so what is counted or listed often is counted here
+# (the partial index ix_tool_calls_in_flight holds exactly these calls); finished calls
+# are counted as they finish (tool_dispatcher_transitions_total).
+IN_FLIGHT_STATES: tuple[ExecutionStatus, ...] = tuple(
+    s for s in ExecutionStatus if s not in TERMINAL_STATES
+)
+
 
 class ApprovalStatus(StrEnum):
     """Where a human approval of a call is; only ``pending`` is open."""

@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 
 LOOP = "reconcile"
 """The ``loop`` label of the service loop's step metrics and the name in its log lines."""
+GAUGES_LOOP = "reconciler_gauges"
+"""The loop that refreshes the reconciler's gauges (:func:`reconciler.metrics.refresh`)."""
 
 
 class Reconciler:
@@ -108,19 +110,30 @@ class Reconciler:
         await asyncio.gather(*(lane() for _ in range(self._batches_in_flight)))
         return tally
 
-    async def run(self, stop: asyncio.Event, interval_seconds: float) -> None:
+    async def run(
+        self, stop: asyncio.Event, interval_seconds: float, gauges_seconds: float | None = None
+    ) -> None:
         """Pass after pass until ``stop`` is set; the batch in hand finishes first.
 
         The first pass starts at once; a pass that raises (the database or the provider
-        away) is logged and counted, and the next waits longer (:func:`periodic`)."""
+        away) is logged and counted, and the next waits longer (:func:`periodic`). The
+        gauges are refreshed beside the passes, every ``gauges_seconds`` (default: the
+        passes' interval), in a loop of their own: a slow or failing read of them never
+        delays a pass, and a long pass never leaves them stale."""
 
         async def step() -> None:
             tally = await self.run_pass(stop)
             if tally.total:
                 log.info("reconcile pass: %s", ", ".join(tally.lines()))
+
+        async def gauges() -> None:
             await metrics.refresh(self._sessions)
 
-        await periodic(stop, interval_seconds, step, name=LOOP)
+        every = gauges_seconds if gauges_seconds is not None else interval_seconds
+        await asyncio.gather(
+            periodic(stop, interval_seconds, step, name=LOOP),
+            periodic(stop, every, gauges, name=GAUGES_LOOP),
+        )
 
     async def run_batch(self, tally: Tally, due_by: datetime | None = None) -> int:
         """Claim, look up, decide and record one batch; returns how many were claimed."""

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from dispatcher.control.escalations import escalate
 from dispatcher.db.tables import tool_calls
 from dispatcher.errors import TransitionConflict
+from dispatcher.ledger import summaries
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.leases import LEASE_RELEASED
 from dispatcher.ledger.marks import NextLook, schedule_next_looks
@@ -46,7 +47,14 @@ class Writer:
     async def record(self, session: AsyncSession, rulings: Rulings, tally: Tally) -> None:
         """A batch's rulings, counted in ``tally``: confirmations and retries a
         statement each, compensations and escalations one savepoint each (a call
-        taken over is counted as such, and the others are recorded)."""
+        taken over is counted as such, and the others are recorded).
+
+        Several moves in one transaction: the runs' summaries are written once, at the
+        end (:func:`dispatcher.ledger.summaries.deferred`)."""
+        async with summaries.deferred(session):
+            await self._record(session, rulings, tally)
+
+    async def _record(self, session: AsyncSession, rulings: Rulings, tally: Tally) -> None:
         confirmed = await self.confirm(session, rulings.successes, succeeded=True)
         refuted = await self.confirm(session, rulings.failures, succeeded=False)
         retried = await self.retry(session, rulings.retries)
@@ -184,9 +192,10 @@ class Writer:
 
 
 async def _fenced(session: AsyncSession, write: Awaitable[Any]) -> bool:
-    """Run one per-call write in a savepoint; False when the call was taken over."""
+    """Run one per-call write in a savepoint; False when the call was taken over (its
+    moves are then not counted in the runs' summaries either)."""
     try:
-        async with session.begin_nested():
+        async with session.begin_nested(), summaries.deferred(session):
             await write
     except TransitionConflict:
         return False

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from dispatcher import runtime
@@ -22,6 +23,7 @@ from dispatcher.errors import DispatcherError, EscalationAlreadyResolved
 from dispatcher.schemas import EscalationView, Finding
 from dispatcher.settings import Settings
 from dispatcher.states import EscalationStatus
+from dispatcher.views import queues
 from kit.cli import OneLineArgumentParser, fail
 
 
@@ -31,10 +33,17 @@ def register(subparsers: Any) -> None:
     sub = parser.add_subparsers(
         dest="escalations_command", required=True, parser_class=OneLineArgumentParser
     )
-    listing = sub.add_parser("list", help="escalations, open ones first")
+    listing = sub.add_parser(
+        "list",
+        help="escalations, open ones first, a page at a time",
+        description="Escalations, open ones first, then acknowledged, then resolved; oldest "
+        "first within each. When more follow, the last line is 'next: <cursor>' (on stderr "
+        "with --json): pass it as --after for the next page.",
+    )
     listing.add_argument("--status", choices=[s.value for s in EscalationStatus])
     listing.add_argument("--tenant")
     listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--after", help="the cursor a page before ended with (its 'next:')")
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
     ack = sub.add_parser("ack", help="take ownership of an escalation")
     ack.add_argument("escalation_id")
@@ -53,6 +62,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         fail("TOOL_DISPATCHER_DATABASE_URL is not set")
     if args.escalations_command == "resolve" and not args.reason.strip():
         fail("--reason must not be empty")
+    if args.escalations_command == "list" and args.limit < 1:
+        fail("--limit must be at least 1")
     try:
         return runtime.run(_run(args, settings), settings)
     except EscalationAlreadyResolved as exc:
@@ -71,13 +82,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     actor = Actor(getattr(args, "by", "operator"), None, "cli")
     try:
         if args.escalations_command == "list":
-            status = EscalationStatus(args.status) if args.status else None
-            async with sessions() as session:
-                found = await escalations.list_escalations(
-                    session, tenant=args.tenant, status=status, limit=args.limit
-                )
-            for view in found:
-                print(_json(view) if args.json else _line(view))
+            await _list(args, sessions)
             return 0
         async with sessions() as session, session.begin():
             if args.escalations_command == "ack":
@@ -97,6 +102,24 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     finally:
         await engine.dispose()
+
+
+async def _list(args: argparse.Namespace, sessions: Any) -> None:
+    """One page of the queue, then the cursor of the next one if there is one."""
+    status = EscalationStatus(args.status) if args.status else None
+    after = queues.parse_escalation_after(args.after) if args.after else None
+    async with sessions() as session:
+        # One more than the page: its presence says a next page exists, without a count.
+        found = await queues.list_escalations(
+            session, tenant=args.tenant, status=status, limit=args.limit + 1, after=after
+        )
+    page = found[: args.limit]
+    for view in page:
+        print(_json(view) if args.json else _line(view))
+    if len(found) > args.limit:
+        # Kept off stdout with --json, whose every line is an escalation.
+        following = f"next: {queues.escalation_position(page[-1]).token()}"
+        print(following, file=sys.stderr if args.json else sys.stdout)
 
 
 def _line(view: EscalationView) -> str:

@@ -13,22 +13,30 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from bench.intake import library_client, psycopg_client, psycopg_in_session_client
-from dispatcher.db.tables import execution_events, outbox, tool_calls
+from dispatcher.db.tables import execution_events, outbox, run_summaries, tool_calls
 
 pytestmark = pytest.mark.postgres
 
 
 async def _written(sessions: async_sessionmaker[AsyncSession]) -> Counter[str]:
     """Rows of each kind in the database: calls by status, events by type, messages by
-    topic."""
+    topic, and the calls the runs' summaries count, by status."""
     async with sessions() as session:
         calls = (await session.execute(select(tool_calls.c.status))).scalars()
         events = (await session.execute(select(execution_events.c.event_type))).scalars()
         topics = (await session.execute(select(outbox.c.topic))).scalars()
+        counted = (
+            await session.execute(select(run_summaries.c.proposed, run_summaries.c.authorized))
+        ).all()
         return Counter(
             [f"call {s}" for s in calls]
             + [f"event {t}" for t in events]
             + [f"message {t}" for t in topics]
+        ) + Counter(
+            {
+                "counted proposed": sum(p for p, _ in counted),
+                "counted authorized": sum(a for _, a in counted),
+            }
         )
 
 
@@ -37,7 +45,7 @@ async def test_each_ceiling_writes_the_rows_of_one_submit(
 ) -> None:
     await library_client(sessions, "run-library")()
     by_submit = await _written(sessions)
-    assert sum(by_submit.values()) == 1 + 2 + 3
+    assert sum(by_submit.values()) == 1 + 2 + 3 + 1
 
     await psycopg_in_session_client(sessions, "run-floor")()
     assert await _written(sessions) - by_submit == by_submit

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from dispatcher.api.bodies import model_response, parse_body
 from dispatcher.api.deps import Approver, AppSettings, Reader, Registry, Sessions
 from dispatcher.api.openapi import documented
-from dispatcher.api.params import ApprovalIdPath
+from dispatcher.api.params import AfterCursor, ApprovalIdPath
 from dispatcher.control import approvals
 from dispatcher.errors import (
     ApprovalAlreadyDecided,
@@ -23,6 +23,7 @@ from dispatcher.errors import (
 )
 from dispatcher.schemas import ApprovalList, ApprovalView, DecisionRequest
 from dispatcher.states import ApprovalStatus
+from dispatcher.views import queues
 
 router = APIRouter()
 
@@ -33,12 +34,17 @@ async def list_approvals(
     sessions: Sessions,
     status: Annotated[ApprovalStatus | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: AfterCursor = None,
 ) -> Response:
+    position = queues.parse_approval_after(after) if after is not None else None
     async with sessions() as session:
-        found = await approvals.list_approvals(
-            session, tenant=caller.tenant, status=status, limit=limit
+        # One more than the page: its presence says a next page exists, without a count.
+        found = await queues.list_approvals(
+            session, tenant=caller.tenant, status=status, limit=limit + 1, after=position
         )
-    return model_response(ApprovalList(approvals=found))
+    page = found[:limit]
+    following = queues.approval_position(page[-1]).token() if len(found) > limit else None
+    return model_response(ApprovalList(approvals=page, next=following))
 
 
 @router.post(

@@ -10,11 +10,12 @@ from fastapi import APIRouter, Query, Request, Response
 from dispatcher.api.bodies import model_response, parse_body
 from dispatcher.api.deps import AppSettings, Operator, Reader, Sessions
 from dispatcher.api.openapi import documented
-from dispatcher.api.params import EscalationIdPath
+from dispatcher.api.params import AfterCursor, EscalationIdPath
 from dispatcher.control import escalations
 from dispatcher.errors import EscalationAlreadyResolved, EscalationNotFound, TransitionConflict
 from dispatcher.schemas import EscalationList, EscalationView, ResolveRequest
 from dispatcher.states import EscalationStatus
+from dispatcher.views import queues
 
 router = APIRouter()
 
@@ -25,12 +26,17 @@ async def list_escalations(
     sessions: Sessions,
     status: Annotated[EscalationStatus | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: AfterCursor = None,
 ) -> Response:
+    position = queues.parse_escalation_after(after) if after is not None else None
     async with sessions() as session:
-        found = await escalations.list_escalations(
-            session, tenant=caller.tenant, status=status, limit=limit
+        # One more than the page: its presence says a next page exists, without a count.
+        found = await queues.list_escalations(
+            session, tenant=caller.tenant, status=status, limit=limit + 1, after=position
         )
-    return model_response(EscalationList(escalations=found))
+    page = found[:limit]
+    following = queues.escalation_position(page[-1]).token() if len(found) > limit else None
+    return model_response(EscalationList(escalations=page, next=following))
 
 
 _ESCALATION = documented(

@@ -11,6 +11,7 @@ from fastapi import Path, Query
 from pydantic import AfterValidator
 
 from dispatcher.schemas import ID_MAX_LENGTH, check_identifier, id_schema
+from dispatcher.views.cursors import CURSOR_MAX_LENGTH, CURSOR_PATTERN
 
 _DOC = id_schema(ID_MAX_LENGTH)
 
@@ -23,6 +24,16 @@ ToolCallIdPath = Annotated[str, AfterValidator(check_identifier), Path(json_sche
 RunIdPath = Annotated[str, AfterValidator(check_identifier), Path(json_schema_extra=_DOC)]
 ApprovalIdPath = Annotated[str, AfterValidator(check_identifier), Path(json_schema_extra=_DOC)]
 EscalationIdPath = Annotated[str, AfterValidator(check_identifier), Path(json_schema_extra=_DOC)]
+AfterCursor = Annotated[
+    str | None,
+    Query(
+        description="the `next` of the page before (an opaque cursor); none: the first page",
+        max_length=CURSOR_MAX_LENGTH,
+        pattern=CURSOR_PATTERN,
+    ),
+]
+"""The ``after`` of a keyset list (approvals, escalations): checked for its form here,
+read by :class:`dispatcher.views.cursors.Position` (a 400 when it names no position)."""
 EventCursor = Annotated[
     str | None,
     AfterValidator(_check_cursor),

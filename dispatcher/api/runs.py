@@ -1,5 +1,5 @@
-"""Runs over HTTP: the run view and its event log (``read``), and stopping a run
-(``operate``), tenant-scoped."""
+"""Runs over HTTP: the list of runs, the run view and its event log (``read``), and
+stopping a run (``operate``), tenant-scoped."""
 
 from __future__ import annotations
 
@@ -10,13 +10,38 @@ from fastapi import APIRouter, Query, Request, Response
 from dispatcher.api.bodies import model_response, parse_body
 from dispatcher.api.deps import AppSettings, Operator, Reader, Registry, Sessions
 from dispatcher.api.openapi import NOT_ROUTED, documented
-from dispatcher.api.params import EventCursor, RunIdPath
+from dispatcher.api.params import AfterCursor, EventCursor, RunIdPath
 from dispatcher.control import runs
 from dispatcher.errors import RunNotFound
 from dispatcher.schemas import EventLog, StopRequest, StopResult
+from dispatcher.views import run_list
+from dispatcher.views.run_list import RunList
 from dispatcher.views.run_view import RunView, load_run_view, run_events
 
 router = APIRouter()
+
+
+@router.get("/v1/runs", **documented(answer=RunList))
+async def list_runs(
+    caller: Reader,
+    sessions: Sessions,
+    busy: Annotated[
+        bool | None,
+        Query(description="only the busy runs (true), or only the others (false)"),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    after: AfterCursor = None,
+) -> Response:
+    """The tenant's runs, newest first, from their summaries (a keyset page)."""
+    position = run_list.parse_run_after(after) if after is not None else None
+    async with sessions() as session:
+        # One more than the page: its presence says a next page exists, without a count.
+        found = await run_list.list_runs(
+            session, caller.tenant, busy=busy, limit=limit + 1, after=position
+        )
+    page = found[:limit]
+    following = run_list.run_position(page[-1]).token() if len(found) > limit else None
+    return model_response(RunList(runs=page, next=following))
 
 
 @router.get("/v1/runs/{run_id}", **documented(RunNotFound, answer=RunView))

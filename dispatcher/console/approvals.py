@@ -22,7 +22,7 @@ from dispatcher.control import approvals
 from dispatcher.errors import ApprovalNotFound, CapabilityNotFound, ValidationFailed
 from dispatcher.schemas import ApprovalView, DecisionRequest
 from dispatcher.states import ApprovalStatus
-from dispatcher.views import queries
+from dispatcher.views import queries, queues
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
 
@@ -36,16 +36,23 @@ async def inbox(request: Request, viewer: Signed) -> Response:
     shown = query.get("status") or "pending"
     if shown not in FILTERS:
         raise ValidationFailed(f"status must be one of {', '.join(FILTERS)}", field="status")
-    number = paging.page_number(query)
+    after = paging.token(query)
+    position = queues.parse_approval_after(after) if after else None
     async with sessions_of(request)() as session:
-        fetched = await approvals.list_approvals(
+        fetched = await queues.list_approvals(
             session,
             tenant=viewer.principal.tenant,
             status=None if shown == "all" else ApprovalStatus(shown),
             limit=paging.PAGE_SIZE + 1,
-            offset=paging.offset_of(number),
+            after=position,
         )
-    page = paging.Page.of(fetched, path="/console/approvals", query=query, number=number)
+    page = paging.Page.keyset(
+        fetched,
+        path="/console/approvals",
+        query=query,
+        after=after,
+        key=lambda a: queues.approval_position(a).token(),
+    )
     return render(request, "approvals.html", page=page, shown=shown, filters=FILTERS)
 
 

@@ -21,7 +21,7 @@ from dispatcher.control import escalations
 from dispatcher.errors import EscalationNotFound, ValidationFailed
 from dispatcher.schemas import Finding, ResolveRequest
 from dispatcher.states import EscalationStatus
-from dispatcher.views import queries
+from dispatcher.views import queries, queues
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
 
@@ -57,16 +57,23 @@ async def queue(request: Request, viewer: Signed) -> Response:
     shown = query.get("status") or "unresolved"
     if shown not in FILTERS:
         raise ValidationFailed(f"status must be one of {', '.join(FILTERS)}", field="status")
-    number = paging.page_number(query)
+    after = paging.token(query)
+    position = queues.parse_escalation_after(after) if after else None
     async with sessions_of(request)() as session:
-        fetched = await escalations.list_escalations(
+        fetched = await queues.list_escalations(
             session,
             tenant=viewer.principal.tenant,
             status=FILTERS[shown],
             limit=paging.PAGE_SIZE + 1,
-            offset=paging.offset_of(number),
+            after=position,
         )
-    page = paging.Page.of(fetched, path="/console/", query=query, number=number)
+    page = paging.Page.keyset(
+        fetched,
+        path="/console/",
+        query=query,
+        after=after,
+        key=lambda e: queues.escalation_position(e).token(),
+    )
     return render(request, "escalations.html", page=page, shown=shown, filters=list(FILTERS))
 
 

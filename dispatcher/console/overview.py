@@ -1,6 +1,6 @@
-"""The overview: one tile per figure an on-call engineer checks first (calls by status,
-the oldest unknown outcome, the queues, the outbox), recomputed on every read and
-reloaded by the page itself every few seconds."""
+"""The overview: one tile per figure an on-call engineer checks first (the calls in
+flight by status, the oldest unknown outcome, the queues, the outbox), recomputed on
+every read and reloaded by the page itself every few seconds."""
 
 from __future__ import annotations
 

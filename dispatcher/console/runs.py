@@ -22,7 +22,7 @@ from dispatcher.console.web import (
 from dispatcher.control import runs
 from dispatcher.errors import ValidationFailed
 from dispatcher.schemas import StopRequest
-from dispatcher.views import queries
+from dispatcher.views import run_list
 from dispatcher.views.run_view import load_run_view, run_events
 
 router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
@@ -31,22 +31,37 @@ router = APIRouter(route_class=ConsoleRoute, include_in_schema=False)
 EVENTS_PER_PAGE = 200
 
 
+# The runs list's filter: every run, the busy ones, the others.
+FILTERS = {"all": None, "busy": True, "idle": False}
+
+
 @router.get("/console/runs")
 async def recent(request: Request, viewer: Signed) -> Response:
     query = dict(request.query_params)
     wanted = query.get("run", "").strip()
     if wanted:
         return redirect(link("runs", identifier(wanted, "run")))
-    number = paging.page_number(query)
+    shown = query.get("show") or "all"
+    if shown not in FILTERS:
+        raise ValidationFailed(f"show must be one of {', '.join(FILTERS)}", field="show")
+    after = paging.token(query)
+    position = run_list.parse_run_after(after) if after else None
     async with sessions_of(request)() as session:
-        fetched = await queries.recent_runs(
+        fetched = await run_list.list_runs(
             session,
             viewer.principal.tenant,
-            offset=paging.offset_of(number),
+            busy=FILTERS[shown],
             limit=paging.PAGE_SIZE + 1,
+            after=position,
         )
-    page = paging.Page.of(fetched, path="/console/runs", query=query, number=number)
-    return render(request, "runs.html", page=page)
+    page = paging.Page.keyset(
+        fetched,
+        path="/console/runs",
+        query=query,
+        after=after,
+        key=lambda r: run_list.run_position(r).token(),
+    )
+    return render(request, "runs.html", page=page, shown=shown, filters=FILTERS)
 
 
 @router.get("/console/runs/{run_id}")

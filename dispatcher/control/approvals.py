@@ -60,27 +60,6 @@ from dispatcher.states import ApprovalStatus
 from dispatcher.states import ExecutionStatus as S
 
 
-async def list_approvals(
-    session: AsyncSession,
-    *,
-    tenant: str,
-    status: ApprovalStatus | None = None,
-    limit: int = 100,
-    offset: int = 0,
-) -> list[ApprovalView]:
-    """The tenant's approvals, those expiring soonest first."""
-    query = (
-        select(approvals)
-        .where(approvals.c.tenant == tenant)
-        .order_by(approvals.c.expires_at, approvals.c.approval_id)
-        .offset(offset)
-        .limit(limit)
-    )
-    if status is not None:
-        query = query.where(approvals.c.status == status.value)
-    return [ApprovalView.of(r._mapping) for r in await session.execute(query)]
-
-
 async def decide(
     session: AsyncSession,
     approval_id: str,

@@ -16,11 +16,11 @@ or ``compensated``), with who and why in the event log.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, insert, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.control.actor import Actor
@@ -181,36 +181,6 @@ async def _evidence(
         ],
         "commands": resolution_commands(escalation_id),
     }
-
-
-async def list_escalations(
-    session: AsyncSession,
-    *,
-    tenant: str | None = None,
-    status: EscalationStatus | Collection[EscalationStatus] | None = None,
-    limit: int = 100,
-    offset: int = 0,
-) -> list[EscalationView]:
-    """Escalations, open ones first, then acknowledged, then resolved; oldest first
-    within each. ``tenant`` None lists every tenant's (the operator CLI); ``status``
-    is one status or several."""
-    rank = case(
-        (escalations.c.status == EscalationStatus.OPEN.value, 0),
-        (escalations.c.status == EscalationStatus.ACKNOWLEDGED.value, 1),
-        else_=2,
-    )
-    query = (
-        select(escalations)
-        .order_by(rank, escalations.c.created_at, escalations.c.escalation_id)
-        .offset(offset)
-        .limit(limit)
-    )
-    if tenant is not None:
-        query = query.where(escalations.c.tenant == tenant)
-    if status is not None:
-        wanted = [status] if isinstance(status, EscalationStatus) else list(status)
-        query = query.where(escalations.c.status.in_([s.value for s in wanted]))
-    return [EscalationView.of(r._mapping) for r in await session.execute(query)]
 
 
 async def acknowledge(

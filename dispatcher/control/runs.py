@@ -13,7 +13,8 @@ nothing), ``run.stopped`` is recorded, every call not yet dispatched (``proposed
 ``authorized``) is ``cancelled`` and its pending approval closed, and every
 side-effecting call still in flight whose capability says ``onRunStopped =
 "compensate"`` is marked for compensation, which the reconciler honours when it
-settles the call. Calls in flight otherwise finish and are recorded as usual.
+settles the call. Calls in flight otherwise finish and are recorded as usual. The run's
+summary says it was stopped (and counts its cancelled calls), written last.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dispatcher.control.compensation import request_compensation
 from dispatcher.control.statuses import approval_update
 from dispatcher.db.tables import approvals, runs, tool_calls
 from dispatcher.errors import CapabilityNotFound
+from dispatcher.ledger import summaries
 from dispatcher.ledger.events import EventType, record_events, run_event_row
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import BulkMove, move_many
@@ -73,7 +75,23 @@ async def stop_run(
     topics: Topics = DEFAULT_TOPICS,
 ) -> StopResult:
     """Stop the run in the caller's transaction (see the module docstring). A run
-    nobody has heard of yet can be stopped too: its calls will be refused."""
+    nobody has heard of yet can be stopped too: its calls will be refused.
+
+    The run's summary (its cancelled calls, and the stop) is written last, once every
+    call row the stop locks is locked (:func:`dispatcher.ledger.summaries.deferred`)."""
+    async with summaries.deferred(session):
+        return await _stop(session, tenant, run_id, actor, reason, registry, topics)
+
+
+async def _stop(
+    session: AsyncSession,
+    tenant: str,
+    run_id: str,
+    actor: Actor,
+    reason: str,
+    registry: CapabilityRegistry,
+    topics: Topics,
+) -> StopResult:
     current = await _take_run(session, tenant, run_id)
     where = (runs.c.tenant == tenant, runs.c.run_id == run_id)
     if current.stopped_at is not None:
@@ -86,6 +104,7 @@ async def stop_run(
             .returning(*runs.c)
         )
     ).one()
+    summaries.note_stopped(session, tenant, run_id)
     by = actor.as_payload()
     await record_events(
         session,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from enum import StrEnum
 
@@ -10,6 +11,7 @@ from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     Column,
+    Date,
     DateTime,
     Identity,
     Index,
@@ -24,7 +26,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
+from dispatcher.db.run_summaries import run_summaries_table
 from dispatcher.states import (
+    IN_FLIGHT_STATES,
+    TERMINAL_STATES,
     ApprovalStatus,
     EscalationStatus,
     ExecutionStatus,
@@ -46,6 +51,11 @@ def status_check(column: str, statuses: type[StrEnum], *, name: str) -> CheckCon
     their own copy; a test holds what a migrated database admits to the enum."""
     return CheckConstraint(_in(column, statuses), name=name)
 
+
+IN_FLIGHT_CALLS = text(_in("tool_calls.status", IN_FLIGHT_STATES))
+"""The calls still in flight, as the predicate of ``ix_tool_calls_in_flight`` says it:
+written into the statement, not bound, so every plan of a statement that uses it (a
+prepared statement's generic one too) can prove that the partial index serves it."""
 
 tool_calls = Table(
     "tool_calls",
@@ -111,7 +121,8 @@ tool_calls = Table(
     CheckConstraint(
         "char_length(idempotency_key) BETWEEN 1 AND 255", name="ck_tool_calls_key_length"
     ),
-    Index("ix_tool_calls_run", "tenant", "run_id", "created_at"),
+    # A run's calls (the stop command, retention): by run only, deduplicated (0015).
+    Index("ix_tool_calls_run", "tenant", "run_id"),
     # Hot-state partial indexes: the recovery sweep and the reconciler scan only these.
     Index(
         "ix_tool_calls_dispatching_lease",
@@ -130,14 +141,33 @@ tool_calls = Table(
         "updated_at",
         postgresql_where=text(f"status = '{ExecutionStatus.AUTHORIZED.value}'"),
     ),
+    # Retention finds each tenant's terminal calls, oldest change first (migration 0014):
+    # an entry is made when a call becomes terminal, none at intake.
+    Index(
+        "ix_tool_calls_terminal_since",
+        "tenant",
+        "updated_at",
+        postgresql_where=text(_in("status", sorted(TERMINAL_STATES))),
+    ),
+    # The live set (migration 0012): the calls gauge and the console's overview count
+    # these, so what they read does not grow with the finished calls behind them.
+    Index(
+        "ix_tool_calls_in_flight",
+        "tenant",
+        "status",
+        postgresql_where=text(_in("status", IN_FLIGHT_STATES)),
+    ),
 )
 
 execution_events = Table(
     "execution_events",
     metadata,
-    # seq orders the log; event_id is the public, globally unique name of a fact.
-    Column("seq", BigInteger, Identity(always=True), primary_key=True),
-    Column("event_id", Text, nullable=False, unique=True),
+    # seq orders the log (unique by its identity; no key since migration 0015: nothing
+    # looks an event up by it); event_id is the public, globally unique name of a fact
+    # (random: unique by construction, dispatcher.ids; no index holds it, a lookup by id
+    # names its run and reads the run's events).
+    Column("seq", BigInteger, Identity(always=True), nullable=False),
+    Column("event_id", Text, nullable=False),
     Column("event_type", Text, nullable=False),
     Column("tenant", Text, nullable=False),
     Column("run_id", Text, nullable=False),
@@ -151,9 +181,19 @@ execution_events = Table(
     Column("schema_version", Integer, nullable=False),
     Column("occurred_at", DateTime(timezone=True), nullable=False),
     Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    Index("ix_execution_events_run", "tenant", "run_id", "seq"),
-    Index("ix_execution_events_tool_call", "tool_call_id", "seq"),
+    # A run's events, a call's: every read reads the whole run or call, so the key is
+    # the run or the call alone, stored once per page with its rows' addresses (B-tree
+    # deduplication; migration 0015).
+    Index("ix_execution_events_run", "tenant", "run_id"),
+    Index("ix_execution_events_tool_call", "tool_call_id"),
+    # One partition per UTC day (migration 0014), plus a default one; retention drops a
+    # day once none of its events belongs to a live call (dispatcher.retention).
+    postgresql_partition_by="RANGE (occurred_at)",
 )
+
+PARTITIONS = re.compile(r"execution_events_(p\d{8}|default)")
+"""The names of ``execution_events``' partitions: tables of the schema that the models
+do not list (a day's is ``execution_events_pYYYYMMDD``)."""
 
 outbox = outbox_table(metadata)
 # A tenant's dead letters in id order (dispatcher.views.outbox, a page at a time): small
@@ -164,6 +204,21 @@ Index(
     outbox.c.payload["tenant"].astext,
     outbox.c.id,
     postgresql_where=outbox.c.dead_lettered_at.is_not(None),
+)
+
+DISPATCH_TYPE = "tool.call.dispatch"
+"""The CloudEvents type of a dispatch command (``dispatcher.ledger.messages.DISPATCH``)."""
+DISPATCH_COMMANDS = text(f"(outbox.headers ->> 'ce_type') = '{DISPATCH_TYPE}'")
+"""The outbox rows that are dispatch commands, as ``ix_outbox_dispatch_commands`` says
+it (written into the statement, as :data:`IN_FLIGHT_CALLS`)."""
+# The dispatch commands by key (migration 0012): the redrive sweep asks, for the calls it
+# found waiting, whether a command is in flight (dispatcher.worker.redrive). Partial on
+# the message type, fixed by the code, where the topic is a setting: the index holds one
+# outbox row in seven.
+Index(
+    "ix_outbox_dispatch_commands",
+    outbox.c.key,
+    postgresql_where=text(f"(headers ->> 'ce_type') = '{DISPATCH_TYPE}'"),
 )
 
 escalations = Table(
@@ -192,7 +247,11 @@ escalations = Table(
         "finding IS NULL OR finding IN ('confirmed_success', 'confirmed_failure', 'compensated')",
         name="ck_escalations_finding",
     ),
-    Index("ix_escalations_tenant_status", "tenant", "status", "created_at"),
+    # The queue's order within a status, the id breaking ties (a reconciler batch
+    # escalates under one now()): a keyset page is a range of one of these (migration
+    # 0012), for a tenant, or for every tenant (the CLI, the open-escalations gauge).
+    Index("ix_escalations_tenant_status", "tenant", "status", "created_at", "escalation_id"),
+    Index("ix_escalations_status", "status", "created_at", "escalation_id"),
 )
 
 # The statuses a human decision leads to.
@@ -237,7 +296,10 @@ approvals = Table(
         f"(closed_at IS NULL) = (status = '{ApprovalStatus.PENDING.value}')",
         name="ck_approvals_closed",
     ),
-    Index("ix_approvals_tenant_status", "tenant", "status", "created_at"),
+    # The inbox's order, expiring soonest first, with and without a status (migration
+    # 0012): a keyset page is a range of one of these.
+    Index("ix_approvals_tenant_status", "tenant", "status", "expires_at", "approval_id"),
+    Index("ix_approvals_tenant_expiry", "tenant", "expires_at", "approval_id"),
     # The expiry sweeper scans only pending approvals.
     Index(
         "ix_approvals_pending_expiry",
@@ -259,6 +321,10 @@ runs = Table(
     Column("reason", Text),
 )
 
+# Each run's calls counted by status, kept by the ledger in the transaction of every move
+# (migration 0013): what a list of runs reads, one row per run.
+run_summaries = run_summaries_table(metadata)
+
 # The console's signed-in sessions (dispatcher.console.session_rows): a session is live
 # while its row is, so signing out on one API replica ends it on all of them. Expired
 # rows are deleted a bounded batch at a time, oldest first, at each sign-in and out.
@@ -271,4 +337,58 @@ console_sessions = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("expires_at", DateTime(timezone=True), nullable=False),
     Index("ix_console_sessions_expires_at", "expires_at"),
+)
+
+# Retention (dispatcher.retention, migration 0014). The manifest: one row per archive
+# batch, a batch of one tenant's calls or a dropped day of events, with the files it
+# wrote. Its state moves planned -> written -> verified -> removed (or abandoned, when
+# its calls changed before they could be removed), so a run that crashed is resumed.
+RETENTION_BATCH_STATES = ("planned", "written", "verified", "removed", "abandoned")
+UNFINISHED_BATCH_STATES = RETENTION_BATCH_STATES[:3]
+_LISTED_STATES = ", ".join(f"'{s}'" for s in RETENTION_BATCH_STATES)
+_UNFINISHED = ", ".join(f"'{s}'" for s in UNFINISHED_BATCH_STATES)
+
+retention_batches = Table(
+    "retention_batches",
+    metadata,
+    # Derived from the batch's content; each of its files is named by it.
+    Column("batch_id", Text, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("tenant", Text),
+    Column("state", Text, nullable=False),
+    # A calls batch: [[toolCallId, version, updatedAt], ...] as planned (cleared once
+    # removed); a partition batch: {"partition": name}.
+    Column("members", JSONB),
+    # [{"path", "table", "tenant", "day", "rows", "sha256"}, ...]: sha256 once verified.
+    Column("files", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("kind IN ('calls', 'partition')", name="ck_retention_batches_kind"),
+    CheckConstraint(f"state IN ({_LISTED_STATES})", name="ck_retention_batches_state"),
+    Index(
+        "ix_retention_batches_unfinished",
+        "created_at",
+        postgresql_where=text(f"state IN ({_UNFINISHED})"),
+    ),
+)
+
+# The audit of what retention removed, per batch, tenant and day: the only path that
+# removes history says what it removed.
+retention_log = Table(
+    "retention_log",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("batch_id", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("day", Date, nullable=False),
+    Column("calls", Integer, nullable=False, server_default="0"),
+    Column("approvals", Integer, nullable=False, server_default="0"),
+    Column("escalations", Integer, nullable=False, server_default="0"),
+    # Events written to the archive by this batch, and rows of the log dropped with a
+    # day's partition.
+    Column("events_archived", Integer, nullable=False, server_default="0"),
+    Column("events_dropped", Integer, nullable=False, server_default="0"),
+    Column("removed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_retention_log_removed_at", "removed_at"),
 )

@@ -26,15 +26,14 @@ from dispatcher.db.sqltext import compact
 from dispatcher.db.tables import tool_calls
 from dispatcher.ledger.events import envelope_sql
 from dispatcher.schemas import ToolCallView
+from dispatcher.states import INITIAL_STATES
 from dispatcher.tenancy import ordering_key_sql
 
-_CALL_COLUMNS = {
-    "tool_call_id": "text", "tenant": "text", "run_id": "text", "turn_id": "text",
-    "capability_id": "text", "input": "jsonb", "idempotency_key": "text",
-    "provider_key": "text", "request_fingerprint": "text", "status": "text",
-    "correlation_id": "text", "causation_id": "text", "reasoning_object_id": "text",
-    "traceparent": "text", "tool_name": "text",
-}  # fmt: skip
+_CALL_COLUMNS = (
+    "tool_call_id", "tenant", "run_id", "turn_id", "capability_id", "input", "idempotency_key",
+    "provider_key", "request_fingerprint", "status", "correlation_id", "causation_id",
+    "reasoning_object_id", "traceparent", "tool_name",
+)  # fmt: skip
 _EVENT_COLUMNS = {
     "event_id": "text", "event_type": "text", "tenant": "text", "run_id": "text",
     "turn_id": "text", "producer": "text", "reasoning_object_id": "text",
@@ -43,20 +42,20 @@ _EVENT_COLUMNS = {
     "payload": "jsonb",
 }  # fmt: skip
 _OUTBOX_COLUMNS = {"topic": "text", "key": "text", "payload": "jsonb", "headers": "jsonb"}
-_APPROVAL_COLUMNS = {
-    "approval_id": "text", "tool_call_id": "text", "tenant": "text", "run_id": "text",
-    "capability_id": "text", "risk": "text", "input_hash": "text", "policy_version": "int",
-    "requested_by": "text", "expires_at": "timestamptz",
-}  # fmt: skip
+_APPROVAL_COLUMNS = (
+    "approval_id", "tool_call_id", "tenant", "run_id", "capability_id", "risk", "input_hash",
+    "policy_version", "requested_by", "expires_at",
+)  # fmt: skip
 
 
-def _rows_of(param: str, columns: dict[str, str]) -> str:
-    """SELECT list and FROM of the rows passed as one JSON array in ``param``; their
-    array order is the ``ordinality`` column (WITH ORDINALITY, an alias without a
-    column list)."""
-    spec = ", ".join(f"{c} {t}" for c, t in columns.items())
-    # Only this module's constant column lists go into the text.
-    rows = f"ROWS FROM (jsonb_to_recordset(:{param}) AS ({spec}))"
+def _rows_of(param: str, table: str, columns: tuple[str, ...]) -> str:
+    """SELECT list and FROM of the rows of ``table`` passed as one JSON array in
+    ``param``; their array order is the ``ordinality`` column (WITH ORDINALITY, an alias
+    without a column list). Each column is typed as the table's own (the table's row
+    type, NULL where a row has no value), rather than by a column list written out in
+    the text: the statement stays under the parse cache's limit (see _INTAKE_SQL)."""
+    # Only this module's constant names go into the text.
+    rows = f"ROWS FROM (jsonb_populate_recordset(NULL::{table}, :{param}))"
     return f"SELECT {', '.join(columns)} FROM {rows} WITH ORDINALITY AS {param}_in"  # noqa: S608
 
 
@@ -124,9 +123,22 @@ _RETURNED = (*ToolCallView.row_fields(), "tenant")
 # SELECT in _replay sees the winner.
 _APPROVALS = f"""approvals AS (
     INSERT INTO approvals ({", ".join(_APPROVAL_COLUMNS)})
-    {_rows_of("approvals", _APPROVAL_COLUMNS)}
+    {_rows_of("approvals", "approvals", _APPROVAL_COLUMNS)}
     WHERE (tenant, tool_call_id) IN (SELECT tenant, tool_call_id FROM calls) ORDER BY ordinality
 ), """  # noqa: S608 - constant column lists
+
+
+# Each created call counted in its run's summary (dispatcher.ledger.summaries): one row
+# per run, taken in (tenant, run_id) order as every count takes them, in the transaction
+# that creates the calls. A call is created proposed or authorized (INITIAL_STATES).
+_CREATED = sorted(s.value for s in INITIAL_STATES)
+_COUNTED = f"""summaries AS (
+    INSERT INTO run_summaries AS r (tenant, run_id, {", ".join(_CREATED)})
+    SELECT tenant, run_id, {", ".join(f"count(*) FILTER (WHERE status='{s}')" for s in _CREATED)}
+    FROM calls GROUP BY 1, 2 ORDER BY 1, 2
+    ON CONFLICT (tenant, run_id) DO UPDATE
+    SET {", ".join(f"{s}=r.{s}+excluded.{s}" for s in _CREATED)}, updated_at=now()
+)"""  # noqa: S608 - constant text
 
 
 def _intake(approvals: bool) -> TextualSelect:
@@ -134,7 +146,7 @@ def _intake(approvals: bool) -> TextualSelect:
     statement = text(
         f"""WITH {_STOPPED}, calls AS (
     INSERT INTO tool_calls ({", ".join(_CALL_COLUMNS)})
-    {_rows_of("calls", _CALL_COLUMNS)}
+    {_rows_of("calls", "tool_calls", _CALL_COLUMNS)}
     WHERE NOT EXISTS (
         SELECT 1 FROM stopped s WHERE s.tenant = calls_in.tenant AND s.run_id = calls_in.run_id
     ) ORDER BY ordinality
@@ -154,7 +166,7 @@ def _intake(approvals: bool) -> TextualSelect:
         WITH ORDINALITY AS m
         WHERE (m.call_tenant, m.call) IN (SELECT tenant, tool_call_id FROM calls)
     ) AS published ORDER BY part, ordinality
-)
+), {_COUNTED}
 SELECT {", ".join(_RETURNED)} FROM calls"""  # noqa: S608 - constant text, every value is a bound parameter
     )
     params = ["calls", "events", "messages", *(["approvals"] if approvals else [])]
@@ -167,8 +179,11 @@ INTAKE = _intake(approvals=True)
 """The intake write of a batch; a batch without approvals goes without their INSERT,
 which is about 4% of PostgreSQL's instructions for a call (callgrind)."""
 
-# Compact on the wire, under psycopg's parse-cache limit (dispatcher.db.sqltext: the
-# layout made it 4,838 characters, compact 3,900); tests/intake hold it there.
+# Compact on the wire, under psycopg's parse-cache limit of 4,096 characters
+# (dispatcher.db.sqltext: the layout makes it 4,416, compact 3,978 with the approvals'
+# INSERT and 3,522 without); tests/intake hold it there. The tables' row types type the
+# calls' and approvals' JSON (_rows_of): their column lists written out were 400
+# characters, the count of the runs' summaries 360.
 _INTAKE_SQL = {
     approvals: compact(str(statement.compile(dialect=psycopg_dialect.dialect())))  # type: ignore[no-untyped-call]
     for approvals, statement in ((True, INTAKE), (False, _intake(approvals=False)))

@@ -38,6 +38,7 @@ from sqlalchemy.sql.dml import ReturningUpdate
 from sqlalchemy.sql.selectable import CTE, TableValuedAlias
 
 from dispatcher.db.tables import execution_events, outbox, tool_calls
+from dispatcher.ledger import summaries
 from dispatcher.ledger.batched import EVENT_COLUMNS, MESSAGE_COLUMNS, as_json
 from dispatcher.ledger.events import CallContext, EventType, envelope_sql, event_row
 from dispatcher.ledger.messages import Producer
@@ -88,11 +89,12 @@ class RoutedMove:
 
 
 RETURNED = [
-    tool_calls.c[name] for name in ("tenant", "tool_call_id", "status", "version", "traceparent")
+    tool_calls.c[name]
+    for name in ("tenant", "tool_call_id", "run_id", "status", "version", "traceparent")
 ]
-"""What :func:`move_each` reads back of a moved call: its key, the status the UPDATE
-chose, the version it left and its stored trace (for its transition line); its caller
-has the rest."""
+"""What :func:`move_each` reads back of a moved call: its key, its run (whose summary
+counts the move), the status the UPDATE chose, the version it left and its stored trace
+(for its transition line); its caller has the rest."""
 
 
 def _check(
@@ -136,7 +138,8 @@ async def move_each(
 ) -> list[Moved]:
     """Move each call of ``moves`` that is still ``expected`` (held by ``lease_owner``
     unless None, at its move's version unless None) to its own target, and record its
-    event and outbox row, in ONE statement.
+    event and outbox row, and count it in its run's summary
+    (:mod:`dispatcher.ledger.summaries`), in ONE statement.
 
     ``fields`` are set whatever the target. As with :func:`move_many`, a call whose
     fence no longer holds is skipped (missing from the result, and no event of it
@@ -156,7 +159,14 @@ async def move_each(
         for routed in ordered
         for event in _candidates(routed, expected, routes, divert, producer)
     ]
-    rows = (await session.execute(_recorded(moved, candidates, topics))).all()
+    statement = _recorded(moved, candidates, topics)
+    tally = summaries.pending(session)
+    if tally is None:
+        statement = statement.add_cte(summaries.counted(moved, [expected], routes))
+    rows = (await session.execute(statement)).all()
+    if tally is not None:
+        for r in rows:
+            tally.move(r.tenant, r.run_id, expected.value, r.status)
     capability = {r.move.key: r.context.capability_id for r in ordered}
     count_moves([expected], [(r.status, capability[(r.tenant, r.tool_call_id)]) for r in rows])
     chosen = {(e["tenant"], e["tool_call_id"], e["payload"]["to"]): e for e in candidates}

@@ -4,8 +4,9 @@ helpers here).
 
 Every move is checked against :data:`dispatcher.states.TRANSITIONS`, applied with a
 conditional UPDATE (``WHERE status IN (:expected)`` plus an optional :class:`Fence`),
-and recorded as an execution event in the same transaction. Zero rows updated means
-someone else moved the call first: :class:`TransitionConflict`. A mover gets back the
+recorded as an execution event in the same transaction, and counted in its run's
+summary by the same statement (:mod:`dispatcher.ledger.summaries`). Zero rows updated
+means someone else moved the call first: :class:`TransitionConflict`. A mover gets back the
 row and the event (:class:`Moved`), so what it writes next can name that event as its
 cause. Each moved call is counted (:func:`count_moves`) and logged (:func:`log_moves`).
 """
@@ -48,6 +49,7 @@ from dispatcher.ledger.events import (
     record_events,
 )
 from dispatcher.ledger.messages import Producer
+from dispatcher.ledger.summaries import execute_counted
 from dispatcher.logs import TRANSITIONS_LOGGER
 from dispatcher.metrics import TRANSITIONS
 from dispatcher.settings import DEFAULT_TOPICS, Topics
@@ -102,27 +104,31 @@ async def move(
     for source in sources:
         check_transition(source, target)
 
+    this = (tool_calls.c.tenant == tenant, tool_calls.c.tool_call_id == tool_call_id)
     stmt = (
         update(tool_calls)
-        .where(
-            tool_calls.c.tenant == tenant,
-            tool_calls.c.tool_call_id == tool_call_id,
-            tool_calls.c.status.in_([s.value for s in sources]),
-        )
+        .where(*this, tool_calls.c.status.in_([s.value for s in sources]))
         .values(
             status=target.value,
             version=tool_calls.c.version + 1,
             updated_at=func.now(),
             **dict(fields or {}),
         )
-        .returning(*tool_calls.c)
     )
     if fence is not None and fence.owner is not None:
         stmt = stmt.where(tool_calls.c.lease_owner == fence.owner)
     if fence is not None and fence.version is not None:
         stmt = stmt.where(tool_calls.c.version == fence.version)
 
-    row = (await session.execute(stmt)).first()
+    moved_rows = await execute_counted(
+        session,
+        stmt,
+        returning=list(tool_calls.c),
+        sources=sources,
+        targets=[target],
+        candidates=this,
+    )
+    row = moved_rows[0] if moved_rows else None
     if row is None:
         raise TransitionConflict(
             f"tool call {tool_call_id!r} is no longer in {[s.value for s in sources]}"
@@ -319,13 +325,10 @@ async def move_many(
         check_transition(source, target)
     # Sorted, so concurrent batches lock shared rows in one order and cannot deadlock.
     ordered = sorted(moves, key=lambda m: m.key)
+    keys = keys_of(ordered)
     stmt = (
         update(tool_calls)
-        .where(
-            keys_of(ordered),
-            tool_calls.c.status.in_([s.value for s in sources]),
-            *where,
-        )
+        .where(keys, tool_calls.c.status.in_([s.value for s in sources]), *where)
         .values(
             status=target.value,
             version=tool_calls.c.version + 1,
@@ -336,7 +339,14 @@ async def move_many(
     stmt = _per_call(stmt, ordered)  # the exact calls: keys_of names a superset
     if lease_owner is not None:
         stmt = stmt.where(tool_calls.c.lease_owner == lease_owner)
-    moved = list((await session.execute(stmt.returning(*MOVED_COLUMNS))).all())
+    moved = await execute_counted(
+        session,
+        stmt,
+        returning=MOVED_COLUMNS,
+        sources=sources,
+        targets=[target],
+        candidates=[keys, *where],
+    )
     count_moves(sources, [(row.status, row.capability_id) for row in moved])
     by_key = {m.key: m for m in moves}
     came_from = [s.value for s in sources]

@@ -1,18 +1,26 @@
 """What the console's navigation and overview show: counts and ages, each read from the
 rows the runtime wrote, for one tenant. Nothing here is stored: every figure is
-recomputed on each read, so a reload shows exactly what the facts say now."""
+recomputed on each read, so a reload shows exactly what the facts say now.
+
+The page reloads itself every few seconds, so each figure reads the live set only,
+through an index that holds about what it counts: the calls in flight
+(``ix_tool_calls_in_flight``: the tenant's finished calls are never read), the
+unresolved escalations and pending approvals (status-led indexes), the outbox's
+unpublished rows and dead letters (partial indexes). ``tests/control/test_overview_plans.py``
+holds each to that on a database with history."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from dispatcher.db.tables import approvals, escalations, outbox, tool_calls
+from dispatcher.db.tables import IN_FLIGHT_CALLS, approvals, escalations, outbox, tool_calls
 from dispatcher.ledger.messages import tenant_rows
-from dispatcher.states import ApprovalStatus, EscalationStatus, ExecutionStatus
+from dispatcher.states import IN_FLIGHT_STATES, ApprovalStatus, EscalationStatus, ExecutionStatus
 
 _UNRESOLVED = (EscalationStatus.OPEN.value, EscalationStatus.ACKNOWLEDGED.value)
 
@@ -28,6 +36,7 @@ class NavCounts:
 @dataclass(frozen=True, slots=True)
 class Overview:
     by_status: dict[str, int]
+    """The tenant's calls in flight, per status (every in-flight status, 0 when none)."""
     oldest_unknown_at: datetime | None
     open_escalations: int
     oldest_escalation_at: datetime | None
@@ -37,7 +46,8 @@ class Overview:
     dead_letters: int
 
 
-async def nav_counts(session: AsyncSession, tenant: str) -> NavCounts:
+def nav_counts_query(tenant: str) -> Select[Any]:
+    """The tenant's unresolved escalations and pending approvals, in one statement."""
     open_escalations = (
         select(func.count())
         .select_from(escalations)
@@ -50,58 +60,59 @@ async def nav_counts(session: AsyncSession, tenant: str) -> NavCounts:
         .where(approvals.c.tenant == tenant, approvals.c.status == ApprovalStatus.PENDING.value)
         .scalar_subquery()
     )
-    row = (await session.execute(select(open_escalations, pending))).one()
+    return select(open_escalations, pending)
+
+
+async def nav_counts(session: AsyncSession, tenant: str) -> NavCounts:
+    row = (await session.execute(nav_counts_query(tenant))).one()
     return NavCounts(escalations=row[0], approvals=row[1])
 
 
-async def load_overview(session: AsyncSession, tenant: str) -> Overview:
-    counts = await session.execute(
-        select(tool_calls.c.status, func.count())
-        .where(tool_calls.c.tenant == tenant)
-        .group_by(tool_calls.c.status)
-    )
-    by_status = {status.value: 0 for status in ExecutionStatus}
-    by_status.update({status: n for status, n in counts.all()})
+def overview_queries(tenant: str) -> dict[str, Select[Any]]:
+    """Each figure's statement for ``tenant``, by the figure's name."""
     # Unknown since the request was sent (the first dispatch: a re-send keeps it), as
     # the reconciler's own backlog gauge counts. Not updated_at: every lookup the
     # reconciler retries bumps it, so a call unknown for hours would look seconds old.
     unknown_since = func.coalesce(tool_calls.c.dispatched_at, tool_calls.c.created_at)
-    oldest_unknown = await session.scalar(
-        select(func.min(unknown_since)).where(
-            tool_calls.c.tenant == tenant,
-            tool_calls.c.status == ExecutionStatus.RESULT_UNKNOWN.value,
-        )
-    )
-    esc = (
-        await session.execute(
-            select(func.count(), func.min(escalations.c.created_at)).where(
-                escalations.c.tenant == tenant, escalations.c.status.in_(_UNRESOLVED)
-            )
-        )
-    ).one()
-    pending = await session.scalar(
-        select(func.count()).where(
-            approvals.c.tenant == tenant, approvals.c.status == ApprovalStatus.PENDING.value
-        )
-    )
     mine = tenant_rows(tenant)
-    waiting = (
-        await session.execute(
-            select(func.count(), func.min(outbox.c.created_at)).where(
-                mine, outbox.c.published_at.is_(None), outbox.c.dead_lettered_at.is_(None)
-            )
-        )
-    ).one()
-    dead = await session.scalar(
-        select(func.count()).where(mine, outbox.c.dead_lettered_at.is_not(None))
-    )
+    return {
+        "by_status": select(tool_calls.c.status, func.count())
+        .where(tool_calls.c.tenant == tenant, IN_FLIGHT_CALLS)
+        .group_by(tool_calls.c.status),
+        # IN_FLIGHT_CALLS again, though the status alone says as much: the status is a
+        # bound parameter, from which a prepared statement's generic plan cannot prove
+        # that the partial index of the live set serves it.
+        "oldest_unknown": select(func.min(unknown_since)).where(
+            tool_calls.c.tenant == tenant,
+            IN_FLIGHT_CALLS,
+            tool_calls.c.status == ExecutionStatus.RESULT_UNKNOWN.value,
+        ),
+        "escalations": select(func.count(), func.min(escalations.c.created_at)).where(
+            escalations.c.tenant == tenant, escalations.c.status.in_(_UNRESOLVED)
+        ),
+        "pending": select(func.count()).where(
+            approvals.c.tenant == tenant, approvals.c.status == ApprovalStatus.PENDING.value
+        ),
+        "unpublished": select(func.count(), func.min(outbox.c.created_at)).where(
+            mine, outbox.c.published_at.is_(None), outbox.c.dead_lettered_at.is_(None)
+        ),
+        "dead": select(func.count()).where(mine, outbox.c.dead_lettered_at.is_not(None)),
+    }
+
+
+async def load_overview(session: AsyncSession, tenant: str) -> Overview:
+    queries = overview_queries(tenant)
+    by_status = {status.value: 0 for status in IN_FLIGHT_STATES}
+    by_status.update({status: n for status, n in await session.execute(queries["by_status"])})
+    esc = (await session.execute(queries["escalations"])).one()
+    waiting = (await session.execute(queries["unpublished"])).one()
     return Overview(
         by_status=by_status,
-        oldest_unknown_at=oldest_unknown,
+        oldest_unknown_at=await session.scalar(queries["oldest_unknown"]),
         open_escalations=esc[0],
         oldest_escalation_at=esc[1],
-        pending_approvals=pending or 0,
+        pending_approvals=await session.scalar(queries["pending"]) or 0,
         unpublished=waiting[0],
         oldest_unpublished_at=waiting[1],
-        dead_letters=dead or 0,
+        dead_letters=await session.scalar(queries["dead"]) or 0,
     )

@@ -4,15 +4,11 @@ tenant's call reads exactly like a missing one. (A run's event log is read by
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
-
-from sqlalchemy import RowMapping, Table, func, select
+from sqlalchemy import RowMapping, Table, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import approvals, escalations, execution_events, tool_calls
 from dispatcher.schemas import ApprovalView, EscalationView, EventView
-from dispatcher.states import SETTLED_STATES
 
 
 async def tool_call_row(session: AsyncSession, tenant: str, tool_call_id: str) -> RowMapping | None:
@@ -48,40 +44,6 @@ async def escalation(
 async def approval(session: AsyncSession, tenant: str, approval_id: str) -> ApprovalView | None:
     row = await _one(session, approvals, "approval_id", approval_id, tenant)
     return None if row is None else ApprovalView.of(row)
-
-
-@dataclass(frozen=True, slots=True)
-class RunSummary:
-    """A run as its calls show it: when it began, when it last moved, how many calls."""
-
-    run_id: str
-    started_at: datetime
-    last_change_at: datetime
-    calls: int
-    open_calls: int
-
-
-async def recent_runs(
-    session: AsyncSession, tenant: str, *, offset: int = 0, limit: int = 50
-) -> list[RunSummary]:
-    """The tenant's runs, the most recently changed first (a run exists as its calls)."""
-    settled = [s.value for s in SETTLED_STATES]
-    last_change = func.max(tool_calls.c.updated_at)
-    rows = await session.execute(
-        select(
-            tool_calls.c.run_id,
-            func.min(tool_calls.c.created_at),
-            last_change,
-            func.count(),
-            func.count().filter(tool_calls.c.status.not_in(settled)),
-        )
-        .where(tool_calls.c.tenant == tenant)
-        .group_by(tool_calls.c.run_id)
-        .order_by(last_change.desc(), tool_calls.c.run_id)
-        .offset(offset)
-        .limit(limit)
-    )
-    return [RunSummary(*row) for row in rows]
 
 
 async def call_escalations(

@@ -26,10 +26,11 @@ from dispatcher.db.tables import execution_events
 from dispatcher.errors import RunNotFound, ValidationFailed
 from dispatcher.ledger.events import EventType
 from dispatcher.schemas import EventView
+from dispatcher.states import BUSY_STATES
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import VerificationStatus as V
 
-BUSY = frozenset({S.AUTHORIZED, S.DISPATCHING, S.ACCEPTED, S.RESULT_UNKNOWN})
+BUSY = BUSY_STATES
 """The system is working on a call in these states (no human is being waited for)."""
 
 

@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.tables import tool_calls
 from dispatcher.errors import CapabilityNotFound
+from dispatcher.ledger import summaries
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.leases import LEASE_RELEASED
 from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
@@ -76,7 +77,9 @@ async def recover_expired(
     """
     report = RecoveryReport()
     taken: collections.Counter[tuple[str, str]] = collections.Counter()
-    async with sessions() as session, session.begin():
+    # One move per call: the runs' summaries are written once, at the end, after every
+    # call of the sweep is locked (dispatcher.ledger.summaries.deferred).
+    async with sessions() as session, session.begin(), summaries.deferred(session):
         for m in await _expired_claims(session, limit):
             try:
                 side_effects = registry.get(m["capability_id"]).side_effects

@@ -24,10 +24,10 @@ from collections.abc import Collection
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, func, select
+from sqlalchemy import ColumnElement, Row, Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dispatcher.db.tables import outbox, tool_calls
+from dispatcher.db.tables import DISPATCH_COMMANDS, outbox, tool_calls
 from dispatcher.ledger.events import CallContext, EventType, event_row, record_events
 from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
 from dispatcher.metrics import REDRIVES
@@ -98,6 +98,28 @@ async def _waiting(
     ]
 
 
+def commands_in_flight_query(
+    keys: list[str], threshold: ColumnElement[Any], topics: Topics
+) -> Select[Any]:
+    """Which of ``keys`` (calls' ordering keys) have a dispatch command waiting in the
+    outbox or written since ``threshold``.
+
+    Read through ``ix_outbox_dispatch_commands``, the dispatch commands by key: a few
+    rows a call (its first command, and one per redrive or retry), where the outbox
+    holds about seven rows a call for ever (its events, up to retention). The topic
+    alone names no index: it is a setting, where the message type is the code's."""
+    return (
+        select(outbox.c.key)
+        .distinct()
+        .where(
+            outbox.c.key.in_(keys),
+            DISPATCH_COMMANDS,
+            outbox.c.topic == topics.dispatch,
+            outbox.c.published_at.is_(None) | (outbox.c.created_at >= threshold),
+        )
+    )
+
+
 async def _without_command(
     session: AsyncSession, rows: list[Row[Any]], threshold: ColumnElement[Any], topics: Topics
 ) -> list[Row[Any]]:
@@ -106,19 +128,8 @@ async def _without_command(
     # A command's key is its call's (dispatcher.tenancy.ordering_key): it names both the
     # tenant and the call.
     keys = {ordering_key(r.tenant, r.tool_call_id): r for r in rows}
-    covered = set(
-        (
-            await session.execute(
-                select(outbox.c.key)
-                .distinct()
-                .where(
-                    outbox.c.key.in_(list(keys)),
-                    outbox.c.topic == topics.dispatch,
-                    outbox.c.published_at.is_(None) | (outbox.c.created_at >= threshold),
-                )
-            )
-        ).scalars()
-    )
+    found = await session.execute(commands_in_flight_query(list(keys), threshold, topics))
+    covered = set(found.scalars())
     return [r for key, r in keys.items() if key not in covered]
 
 

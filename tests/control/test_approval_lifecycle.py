@@ -32,6 +32,7 @@ from dispatcher.intake.service import submit
 from dispatcher.schemas import DecisionRequest, SubmitRequest
 from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.views import queues
 from tests.fixtures.capabilities import approval_capability, with_capability, without_capability
 
 pytestmark = pytest.mark.postgres
@@ -279,8 +280,8 @@ async def test_the_listing_is_the_tenants_own_expiring_soonest_first(sessions: S
     async with sessions() as session, session.begin():
         await session.execute(text("SET LOCAL enable_indexscan = off"))
         await session.execute(text("SET LOCAL enable_bitmapscan = off"))
-        listed = [v.approval_id for v in await approvals.list_approvals(session, tenant="acme")]
-        two = await approvals.list_approvals(session, tenant="acme", limit=2)
+        listed = [v.approval_id for v in await queues.list_approvals(session, tenant="acme")]
+        two = await queues.list_approvals(session, tenant="acme", limit=2)
     assert listed == [third, low, high]
     assert [v.approval_id for v in two] == [third, low]
 

@@ -13,13 +13,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.control.actor import Actor
-from dispatcher.control.escalations import (
-    acknowledge,
-    escalate,
-    list_escalations,
-    resolution_commands,
-    resolve,
-)
+from dispatcher.control.escalations import acknowledge, escalate, resolution_commands, resolve
 from dispatcher.db.tables import escalations, execution_events, outbox, tool_calls
 from dispatcher.errors import EscalationAlreadyResolved, EscalationNotFound
 from dispatcher.ledger.events import EventType
@@ -28,6 +22,7 @@ from dispatcher.schemas import Finding
 from dispatcher.settings import Topics
 from dispatcher.states import EscalationStatus
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.views.queues import list_escalations
 from tests.fixtures.calls import insert_call
 
 pytestmark = pytest.mark.postgres

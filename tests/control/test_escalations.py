@@ -162,7 +162,8 @@ async def test_list_is_tenant_scoped_and_open_first(
     only_open = await api.get("/v1/escalations?status=open", headers=bearer(READER))
     assert [e["escalationId"] for e in only_open.json()["escalations"]] == [open_one]
 
-    assert (await api.get("/v1/escalations", headers=bearer(OTHER))).json() == {"escalations": []}
+    others = (await api.get("/v1/escalations", headers=bearer(OTHER))).json()
+    assert others == {"escalations": [], "next": None}
     foreign = await api.post(
         f"/v1/escalations/{open_one}/resolve",
         json={"finding": "confirmed_failure", "reason": "x"},

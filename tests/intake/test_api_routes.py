@@ -24,6 +24,7 @@ SCOPES = {
     ("POST", "/v1/tool-calls"): "submit",
     ("GET", "/v1/tool-calls/{tool_call_id}"): "read",
     ("POST", "/v1/tool-calls/{tool_call_id}/retry"): "operate",
+    ("GET", "/v1/runs"): "read",
     ("GET", "/v1/runs/{run_id}"): "read",
     ("GET", "/v1/runs/{run_id}/events"): "read",
     ("POST", "/v1/runs/{run_id}/stop"): "operate",

@@ -186,6 +186,21 @@ async def test_the_intake_statement_is_parsed_once_per_process(
     assert (after.hits - before.hits, after.misses - before.misses) == (1, 0)
 
 
+def test_both_intake_statements_fit_the_parse_cache() -> None:
+    """With and without the approvals' INSERT, and with the count of the runs'
+    summaries, each statement is under the cache's limit, with room to spare."""
+    from psycopg import _queries
+
+    from dispatcher.intake.statement import _INTAKE_SQL
+
+    limit = _queries.MAX_CACHED_STATEMENT_LENGTH
+    assert limit == 4096
+    assert {approvals: len(sql) < limit - 100 for approvals, sql in _INTAKE_SQL.items()} == {
+        True: True,
+        False: True,
+    }, {approvals: len(sql) for approvals, sql in _INTAKE_SQL.items()}
+
+
 def _approved_refund(order: str) -> SubmitRequest:
     return SubmitRequest(
         run_id="run-1",

@@ -20,7 +20,6 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from devtools.chaos.checker import unfenced
-from devtools.registries import capability
 from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.control import approvals, escalations, runs
@@ -35,12 +34,13 @@ from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import EscalationStatus
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.tenancy import ordering_key
+from dispatcher.views import queues
 from dispatcher.views.run_view import fold_run
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired
 from dispatcher.worker.redrive import redrive_stale
 from tests.fixtures.calls import expire_leases, make_due, submit_call, unknown_call
-from tests.fixtures.capabilities import approval_capability, reconcile_capability
+from tests.fixtures.capabilities import every_kind
 from tests.fixtures.paths import REPO
 from tests.fixtures.reconciling import new_reconciler, until_settled
 from tests.fixtures.rows import approval_of
@@ -78,16 +78,7 @@ def test_every_event_type_has_a_schema_and_asyncapi_names_them() -> None:
 
 @pytest.fixture
 def registry(sandbox: SandboxServer) -> CapabilityRegistry:
-    url = sandbox.url
-    caps = [
-        approval_capability("approve-me", url),
-        approval_capability("approve-fast", url, approvalTtlSeconds=0.05),
-        capability("send", url),
-        capability("lookup", url, side_effects=False),
-        reconcile_capability("refund", url).model_copy(update={"on_run_stopped": "compensate"}),
-        reconcile_capability("refund-blind", url, by_key=False),
-    ]
-    return CapabilityRegistry({c.id: c for c in caps})
+    return every_kind(sandbox.url)
 
 
 async def scenario(
@@ -185,7 +176,7 @@ async def scenario(
 
     # The escalation: acknowledged, then resolved by an operator.
     async with sessions() as session:
-        opened = await escalations.list_escalations(session, status=EscalationStatus.OPEN)
+        opened = await queues.list_escalations(session, status=EscalationStatus.OPEN)
     # The blind call cannot be looked up; neither can the "send" call recovery left unknown.
     [open_one] = [e for e in opened if e.tool_call_id == blind]
     async with sessions() as session, session.begin():

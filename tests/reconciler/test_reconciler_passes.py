@@ -1,7 +1,8 @@
 """The reconciler's re-sends and passes against the real sandbox and real PostgreSQL: a
 re-send counted in its event and fenced by the claim, a call of an unregistered
 capability escalated without lookups, overlapping passes adding up every reconciler's
-settlements, and the loop settling pass after pass until stopped."""
+settlements, and the loop settling pass after pass until stopped, its gauges read
+beside the passes."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from devtools.registries import registry_of
 from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.provider.transport import Transport
+from reconciler import metrics
 from reconciler.due import claim_due
-from reconciler.loop import reconcile_once
+from reconciler.loop import GAUGES_LOOP, reconcile_once
 from tests.fixtures.calls import insert_unknown_calls, unknown_call
 from tests.fixtures.capabilities import reconcile_capability
+from tests.fixtures.metrics import sample
 from tests.fixtures.reconciling import new_reconciler, until_settled
 from tests.fixtures.rows import call_row, escalation_rows, events_of
 from tests.fixtures.sandbox import books, create_at_sandbox
@@ -155,3 +158,38 @@ async def confirmed(sessions: async_sessionmaker[AsyncSession], call: str) -> No
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"{call} was never confirmed")
+
+
+async def test_a_stuck_gauge_read_holds_no_pass_back(
+    sessions: async_sessionmaker[AsyncSession],
+    registry: CapabilityRegistry,
+    sandbox: SandboxServer,
+    http: Transport,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gauges are refreshed in a loop of their own (``reconciler_gauges``): while
+    their read hangs, passes go on settling calls; once it returns, its step is timed
+    under its own loop name."""
+    released = asyncio.Event()
+    reads = 0
+
+    async def stuck_refresh(_: object) -> None:
+        nonlocal reads
+        reads += 1
+        await released.wait()
+
+    monkeypatch.setattr(metrics, "refresh", stuck_refresh)
+    gauge_steps = sample("loop_step_seconds_count", loop=GAUGES_LOOP)
+    await create_at_sandbox(sandbox.url, ["k-g1", "k-g2"])
+    (first,) = await insert_unknown_calls(sessions, ["k-g1"], "refund")
+    stop = asyncio.Event()
+    loop = asyncio.create_task(new_reconciler(sessions, registry, http).run(stop, 0.05))
+
+    await confirmed(sessions, first)
+    (later,) = await insert_unknown_calls(sessions, ["k-g2"], "refund")
+    await confirmed(sessions, later)  # a later pass, the gauge read still hanging
+    assert reads == 1
+    released.set()
+    stop.set()
+    await asyncio.wait_for(loop, 5)
+    assert sample("loop_step_seconds_count", loop=GAUGES_LOOP) == gauge_steps + 1

@@ -37,24 +37,6 @@ def test_links_encode_every_id_segment() -> None:
     assert formats.link("calls", "a?b#c%d") == "/console/calls/a%3Fb%23c%25d"
 
 
-def test_pages_keep_the_filters_and_drop_the_notice() -> None:
-    items = list(range(paging.PAGE_SIZE + 1))
-    query = {"status": "open", "page": "2", "done": "resolved"}
-    page = paging.Page.of(items, path="/console/", query=query, number=2)
-    assert list(page.items) == items[: paging.PAGE_SIZE]
-    assert page.next == "/console/?status=open&page=3"
-    assert page.previous == "/console/?status=open"
-    last = paging.Page.of(items[:3], path="/console/", query={}, number=1)
-    assert last.next is None and last.previous is None
-
-
-@pytest.mark.parametrize("raw", ["0", "-1", "x", "10001", "1e3"])
-def test_a_page_number_out_of_range_is_refused(raw: str) -> None:
-    with pytest.raises(ValidationFailed):
-        paging.page_number({"page": raw})
-    assert paging.page_number({}) == 1 and paging.offset_of(3) == 2 * paging.PAGE_SIZE
-
-
 def test_keyset_pages_lead_after_the_last_item_and_back_to_the_first() -> None:
     items = [10 * n for n in range(1, paging.PAGE_SIZE + 2)]
     query = {"topic": "t", "after": "5", "done": "retried"}

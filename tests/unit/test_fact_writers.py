@@ -1,6 +1,7 @@
 """One writer of facts: no product module outside ``dispatcher/ledger/`` inserts into,
-updates or deletes from ``tool_calls``, ``execution_events`` or ``outbox``, but those
-listed in :data:`ALLOWED`, each with its reason.
+updates or deletes from ``tool_calls``, ``execution_events`` or ``outbox`` (nor
+retention's ``retention_batches`` and ``retention_log``, nor ``run_summaries``, the
+runs' counts of their calls), but those listed in :data:`ALLOWED`, each with its reason.
 
 Read with :mod:`ast`. A write is
 
@@ -25,7 +26,19 @@ import pytest
 
 from tests.fixtures.paths import REPO
 
-FACT_TABLES = frozenset({"tool_calls", "execution_events", "outbox"})
+# The facts, and retention's manifest and audit: what removes history says so through
+# the ledger alone (dispatcher/ledger/retention.py). And each run's counts of its calls,
+# written in the transaction of every move of one (dispatcher/ledger/summaries.py).
+FACT_TABLES = frozenset(
+    {
+        "tool_calls",
+        "execution_events",
+        "outbox",
+        "retention_batches",
+        "retention_log",
+        "run_summaries",
+    }
+)
 PACKAGES = ("dispatcher", "reconciler", "outbox_relay", "telemetry")
 WRITES = frozenset({"insert", "update", "delete"})
 
@@ -35,8 +48,9 @@ WRITES = frozenset({"insert", "update", "delete"})
 ALLOWED: dict[str, str] = {
     "dispatcher/ledger/": "the ledger: the only writer of facts",
     "dispatcher/intake/statement.py": (
-        "intake's one statement: a batch's calls, their first events and their outbox rows"
-        " in one CTE, one round trip per batch (the ledger's moves start from a stored call)"
+        "intake's one statement: a batch's calls, their first events, their outbox rows"
+        " and their runs' counts in one CTE, one round trip per batch (the ledger's moves"
+        " start from a stored call)"
     ),
     "dispatcher/db/migrations/": "the schema, and the data migrations that go with it",
 }

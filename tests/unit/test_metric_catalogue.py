@@ -59,6 +59,7 @@ def test_the_catalogue_parses_and_names_each_metric_once() -> None:
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
     assert {e.process for e in entries} == {
         "Every process", "API", "Worker", "Relay", "Reconciler", "Approvals sweeper",
+        "Retention",
     }  # fmt: skip
     # A row the parser would drop (a wrong number of cells) is no metric of it.
     assert len(entries) >= 30
@@ -93,10 +94,14 @@ def test_the_loops_the_code_runs_are_the_catalogued_ones() -> None:
     label checks hold samples to, and the catalogue's two rows, all the same set."""
     from dispatcher.worker.consumer import RECOVERY_LOOP, REDRIVE_LOOP
     from outbox_relay.relay import HOUSEKEEPING_LOOP
+    from reconciler.loop import GAUGES_LOOP
     from reconciler.loop import LOOP as RECONCILE_LOOP
     from tool_dispatcher.approvals import LOOP as APPROVALS_LOOP
 
-    named = {RECOVERY_LOOP, REDRIVE_LOOP, HOUSEKEEPING_LOOP, RECONCILE_LOOP, APPROVALS_LOOP}
+    named = {
+        RECOVERY_LOOP, REDRIVE_LOOP, HOUSEKEEPING_LOOP, RECONCILE_LOOP, GAUGES_LOOP,
+        APPROVALS_LOOP,
+    }  # fmt: skip
     assert named == LOOPS
     entries = by_name(catalogue())
     for name in ("loop_step_errors_total", "loop_step_seconds"):

@@ -28,6 +28,7 @@ VIEWS = {
     ("post", "/v1/tool-calls"): "ToolCallView",
     ("get", "/v1/tool-calls/{tool_call_id}"): "ToolCallView",
     ("post", "/v1/tool-calls/{tool_call_id}/retry"): "ToolCallView",
+    ("get", "/v1/runs"): "RunList",
     ("get", "/v1/runs/{run_id}"): "RunView",
     ("get", "/v1/runs/{run_id}/events"): "EventLog",
     ("post", "/v1/runs/{run_id}/stop"): "StopResult",
@@ -144,3 +145,18 @@ def test_no_422_but_the_reused_key(document: dict[str, Any]) -> None:
         in document["paths"]["/v1/tool-calls"]["post"]["responses"]["422"]["description"]
     )
     assert "HTTPValidationError" not in document["components"]["schemas"]
+
+
+@pytest.mark.parametrize("path", ["/v1/approvals", "/v1/escalations"])
+def test_a_keyset_list_takes_an_after_cursor_and_answers_its_next(
+    document: dict[str, Any], path: str
+) -> None:
+    operation = document["paths"][path]["get"]
+    (after,) = [p for p in operation["parameters"] if p["name"] == "after"]
+    assert after["in"] == "query" and not after.get("required", False)
+    assert "next" in after["description"]
+    assert {"pattern", "maxLength"} <= set(after["schema"]["anyOf"][0])
+    answer = VIEWS[("get", path)]
+    listing = document["components"]["schemas"][answer]
+    assert "next" in listing["required"]
+    assert {"type": "null"} in listing["properties"]["next"]["anyOf"]
