@@ -202,7 +202,8 @@ class Settings(BaseSettings):
     # that forgot its messages): its command is written again (dispatcher.worker.redrive).
     redrive_after_seconds: float = Field(default=60.0, gt=0)
     redrive_interval_seconds: float = Field(default=15.0, gt=0)
-    # e.g. "after-send:3": SIGKILL at the 3rd pass of that point (crash tests only).
+    # e.g. "after-send:3": SIGKILL at the 3rd pass of that point (crash tests only; the
+    # worker's points, or the retention job's: dispatcher.retention.crashpoints).
     crash_at: str | None = None
     # Provider credentials by capability id, added at send time only: the account every
     # tenant shares (a capability's providerAccount = "shared", the default).
@@ -229,6 +230,27 @@ class Settings(BaseSettings):
     ops_host: str = "127.0.0.1"
 
     approval_sweep_interval_seconds: float = Field(default=30.0, gt=0)
+
+    # Retention (dispatcher.retention, `tool-dispatcher retention --once`): a terminal
+    # call whose last change is older than its tenant's retention is archived with its
+    # events, approval and escalations, verified, then removed. Days per tenant override
+    # the default. The archive is a URL fsspec opens: file://<dir> (the default, under
+    # state_dir) or s3://bucket/prefix (the `s3` extra), with archive_storage_options
+    # passed to the filesystem (e.g. {"endpoint_url": ...} for an S3-compatible store).
+    retention_days: int = Field(default=30, ge=1)
+    retention_days_by_tenant: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
+    archive_url: str | None = Field(default=None, pattern=r"^(file|s3)://.+")
+    archive_storage_options: dict[str, Any] = Field(default_factory=dict)
+    # Calls archived per batch (one set of files, one delete transaction), and how long
+    # one pass may run before it stops between batches (a cron job's slot).
+    retention_batch_size: int = Field(default=500, ge=1, le=10_000)
+    retention_budget_seconds: float = Field(default=3000.0, gt=0)
+    # Daily partitions of execution_events created ahead of today, so an event never
+    # lands in the default partition while the job runs at least this often.
+    retention_partitions_ahead_days: int = Field(default=7, ge=1, le=60)
+    # A pass pushes its metrics here when set (the job is a CronJob: nothing scrapes
+    # it), e.g. http://prometheus-pushgateway:9091.
+    retention_pushgateway_url: str | None = None
 
     # OpenTelemetry traces (dispatcher.tracing), off by default: "console" prints spans
     # (development), "otlp" sends them over OTLP/HTTP to otlp_endpoint (the collector's
@@ -267,6 +289,10 @@ class Settings(BaseSettings):
         for tenant, secrets in self.tenant_provider_secrets.items():
             found.setdefault(tenant, {}).update(_revealed(secrets))
         return found
+
+    def archive_location(self) -> str:
+        """The archive's URL: ``archive_url``, else ``file://`` under ``state_dir``."""
+        return self.archive_url or f"file://{self.state_dir.resolve() / 'archive'}"
 
     def sqlalchemy_url(self) -> str:
         if self.database_url is None:

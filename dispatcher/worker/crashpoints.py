@@ -1,39 +1,18 @@
-"""Named crash points at commit boundaries, for the kill -9 tests.
+"""The worker's named crash points at its commit boundaries, for the kill -9 tests.
 
 Armed by the setting ``crash_at`` (env ``TOOL_DISPATCHER_CRASH_AT``), e.g.
 ``after-send:3`` kills the process with SIGKILL the third time ``after-send`` is
-reached. Unarmed, :meth:`CrashPoints.hit` is a single attribute test.
+reached. Unarmed, :meth:`CrashPoints.hit` is a single attribute test
+(:mod:`kit.crashpoints`).
 """
 
 from __future__ import annotations
 
-import os
-import signal
-from collections import Counter
+from kit import crashpoints
 
 LABELS = frozenset({"after-claim", "after-send", "after-record"})
 
 
-class CrashPoints:
+class CrashPoints(crashpoints.CrashPoints):
     def __init__(self, spec: str | None = None) -> None:
-        self._targets: dict[str, int] = {}
-        self._seen: Counter[str] = Counter()
-        for part in (spec or "").split(","):
-            if not part.strip():
-                continue
-            label, _, count = part.strip().partition(":")
-            if label not in LABELS or not (count or "1").isdigit() or int(count or "1") < 1:
-                raise ValueError(
-                    f"crash point {part!r}: expected LABEL[:N] with LABEL in {sorted(LABELS)}"
-                )
-            self._targets[label] = int(count or "1")
-        self.armed = bool(self._targets)
-
-    def hit(self, label: str) -> None:
-        if not self.armed or label not in self._targets:
-            return
-        self._seen[label] += 1
-        if self._seen[label] == self._targets[label]:
-            # SIGKILL, not an exception: nothing in this process gets to clean up,
-            # exactly like a real crash.
-            os.kill(os.getpid(), signal.SIGKILL)
+        super().__init__(spec, LABELS)

@@ -61,5 +61,5 @@ def test_the_help_lists_production_commands_only() -> None:
     commands = found.split("{", 1)[1].split("}", 1)[0].split(",")
     assert set(commands) == {
         "migrate", "serve", "worker", "relay", "outbox", "recover", "api-key",
-        "reconcile", "escalations", "approvals",
+        "reconcile", "escalations", "approvals", "retention", "archive", "runs",
     }  # fmt: skip

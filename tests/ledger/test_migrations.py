@@ -9,7 +9,7 @@ from sqlalchemy import create_engine, pool
 
 from devtools.databases import unique_name
 from dispatcher.db import migrate
-from dispatcher.db.tables import metadata
+from dispatcher.db.tables import PARTITIONS, metadata
 from dispatcher.settings import to_sqlalchemy_url
 from dispatcher.tenancy import ordering_key
 from outbox_relay import run_once
@@ -37,11 +37,19 @@ def test_upgrade_from_empty_then_downgrade_to_base(empty_database_url: str) -> N
     assert "tool_calls" in _tables(empty_database_url)
 
 
+def _not_a_partition(name: str | None, kind: str, parents: object) -> bool:
+    """The days of ``execution_events`` are tables of the schema, not of the models."""
+    return not (kind == "table" and name is not None and PARTITIONS.fullmatch(name))
+
+
 def test_models_and_migrations_agree(database_url: str) -> None:
     engine = create_engine(to_sqlalchemy_url(database_url), poolclass=pool.NullPool)
     with engine.connect() as conn:
         diff = compare_metadata(
-            MigrationContext.configure(conn, opts={"compare_type": True}), metadata
+            MigrationContext.configure(
+                conn, opts={"compare_type": True, "include_name": _not_a_partition}
+            ),
+            metadata,
         )
     engine.dispose()
     assert diff == []

@@ -106,6 +106,23 @@ def test_migrate_an_up_to_date_database_is_a_no_op(database_url: str) -> None:
     assert result.stdout.strip() == "migrated to head"
 
 
+@pytest.mark.postgres
+def test_runs_recount_counts_the_calls_again(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO tool_calls (tool_call_id, tenant, run_id, capability_id, input,"
+            " idempotency_key, provider_key, request_fingerprint, status)"
+            " VALUES ('tc-1', 'acme', 'run-1', 'send', '{}', 'k-1', 'k-1', 'fp', 'completed')"
+        )
+    assert "TOOL_DISPATCHER_DATABASE_URL" in assert_one_line_error(run_cli("runs", "recount"))
+    result = run_cli("runs", "recount", TOOL_DISPATCHER_DATABASE_URL=database_url)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "recounted 1 runs"
+    with psycopg.connect(database_url) as conn:
+        found = conn.execute("SELECT tenant, run_id, completed, calls FROM run_summaries")
+        assert found.fetchall() == [("acme", "run-1", 1, 1)]
+
+
 def test_api_key_prints_a_key_and_the_settings_line_of_its_hash() -> None:
     result = run_cli("api-key")
 
