@@ -51,10 +51,9 @@ def plan_created(
             ctx,
             producer=Producer.INTAKE,
             causation_id=prep.request.causation_id,
-            payload={
-                "idempotencyKey": prep.values["idempotency_key"],
-                "requiresApproval": prep.requires_approval,
-            },
+            # The key is the call's (GET /v1/tool-calls/{id}) and its dispatch command's:
+            # kept once per call, not again in every call's first event (bench.growth).
+            payload={"requiresApproval": prep.requires_approval},
         )
     ]
     if prep.requires_approval:

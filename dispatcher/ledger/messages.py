@@ -19,13 +19,13 @@ import orjson
 from sqlalchemy import ColumnElement, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from dispatcher.db.tables import outbox
+from dispatcher.db.tables import DISPATCH_TYPE, outbox
 from dispatcher.ids import random_uuid
 from dispatcher.settings import Topics
 from dispatcher.tenancy import ordering_key
 from outbox_relay import OutboxMessage
 
-DISPATCH = "tool.call.dispatch"
+DISPATCH = DISPATCH_TYPE
 
 
 class Producer(StrEnum):

@@ -70,12 +70,16 @@ def _class_of(sent: Sent) -> _Class:
 
 
 def _evidence(outcome: ProviderOutcome) -> dict[str, Any]:
-    return {
+    """What the provider's answer was, in the outcome's event. A field without a value is
+    left out rather than written as null: most outcomes have no error, and every event
+    is kept as long as its call (the schemas in docs/events allow either)."""
+    found = {
         "httpStatus": outcome.http_status,
         "attempts": outcome.attempts,
         "externalRequestId": outcome.external_request_id,
         "error": outcome.error,
     }
+    return {name: value for name, value in found.items() if value is not None}
 
 
 def _verified_failure(outcome: ProviderOutcome) -> VerificationStatus:

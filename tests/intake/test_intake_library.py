@@ -132,10 +132,9 @@ async def test_domain_write_and_submission_commit_together(
         await _rows(engine, execution_events, tool_call_id=call_id), key=lambda e: e["seq"]
     )
     assert requested["event_type"] == "tool.call.requested"
-    assert requested["payload"] == {
-        "idempotencyKey": "refund:o-1:corr-1",
-        "requiresApproval": False,
-    }
+    # The key is the call's (above) and its command's, not repeated in its first event.
+    assert requested["payload"] == {"requiresApproval": False}
+    assert call["idempotency_key"] == "refund:o-1:corr-1"
     assert authorized["event_type"] == "tool.call.authorized"
     assert authorized["causation_id"] == requested["event_id"]
     for event in (requested, authorized):
