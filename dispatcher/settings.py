@@ -237,8 +237,11 @@ class Settings(BaseSettings):
     # the default. The archive is a URL fsspec opens: file://<dir> (the default, under
     # state_dir) or s3://bucket/prefix (the `s3` extra), with archive_storage_options
     # passed to the filesystem (e.g. {"endpoint_url": ...} for an S3-compatible store).
-    retention_days: int = Field(default=30, ge=1)
-    retention_days_by_tenant: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
+    # Fractions of a day are allowed: a test or a chaos run keeps calls for seconds.
+    retention_days: float = Field(default=30.0, gt=0)
+    retention_days_by_tenant: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict
+    )
     archive_url: str | None = Field(default=None, pattern=r"^(file|s3)://.+")
     archive_storage_options: dict[str, Any] = Field(default_factory=dict)
     # Calls archived per batch (one set of files, one delete transaction), and how long

@@ -11,7 +11,7 @@ Modules: :mod:`~devtools.chaos.schedule` (the seeded fault plan, pure),
 :mod:`~devtools.chaos.load` (two tenants' submissions, replays, the simulated
 approvers; :mod:`~devtools.chaos.stats`, what it saw),
 :mod:`~devtools.chaos.dead_letters` (each tenant's dead letters, found and
-discarded), :mod:`~devtools.chaos.checker` (the eight invariants;
+discarded), :mod:`~devtools.chaos.checker` (the nine invariants;
 :mod:`~devtools.chaos.isolation` is the eighth) with
 :mod:`~devtools.chaos.evidence` (what they are checked against),
 :mod:`~devtools.chaos.report`, :mod:`~devtools.chaos.run` (the

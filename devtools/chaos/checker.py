@@ -1,4 +1,4 @@
-"""The eight invariants a chaos run must end with, checked against what the database
+"""The nine invariants a chaos run must end with, checked against what the database
 recorded, what the provider (the sandbox) actually did and what the API answered.
 
 :func:`check` is pure (evidence in, violations out);
@@ -30,6 +30,7 @@ INVARIANTS: dict[int, str] = {
     6: "every hostile submission refused with a 4xx, no valid one refused as invalid",
     7: "every move out of a claim was made by the claim's holder at its version",
     8: "no tenant's call is affected by another tenant's",
+    9: "retention archives a call once, only when it is finished, and nothing moves after",
 }
 
 _NO_EFFECT = {S.FAILED, S.REJECTED, S.CANCELLED}
@@ -128,6 +129,10 @@ class Evidence:
     """Valid submissions refused with a 4xx other than the load's own run stops."""
     largest_published: int = 0
     """Bytes of the largest message published (a figure: the limit's headroom)."""
+    retention_breaches: Sequence[str] = ()
+    """What the archive shows retention did wrong (:func:`devtools.chaos.retention.breaches`)."""
+    archived_calls: int = 0
+    """Calls the retention job archived and removed (they are in ``calls`` too)."""
 
 
 def unsettled(calls: Iterable[CallRecord]) -> list[CallRecord]:
@@ -168,6 +173,7 @@ def check(evidence: Evidence) -> dict[int, list[str]]:
     violations[6] += [f"valid refused: {v}" for v in evidence.valid_refused]
     violations[7] = unfenced(evidence.events)
     violations[8] = isolation(evidence)
+    violations[9] = list(evidence.retention_breaches)
     return violations
 
 

@@ -63,6 +63,9 @@ FOLLOW_SECONDS = 6.0
 """After an oversized call, the first tenant submits a call of the same toolCallId this
 much later: by then the oversized call's escalation is a dead letter, and the other
 tenant's call must not wait behind it."""
+REPLAY_WITHIN = 3.0
+"""Replays repeat submissions acknowledged at most this long ago: well inside the
+retention's age (devtools.chaos.retention), and the client's timeout after it."""
 PENDING_FOREVER = 100_000
 """Lookups the sandbox answers ``pending`` before settling: more than any reconciler."""
 
@@ -136,8 +139,9 @@ class Load:
         roll = self._rng.random()
         tenant = self._rng.choice(TENANTS)
         acks = self.stats.acks
-        if roll < 0.10 and acks:
-            await self._replay(self._rng.choice(acks))
+        fresh = self._fresh(acks)
+        if roll < 0.10 and fresh:
+            await self._replay(self._rng.choice(fresh))
             return
         if roll < 0.12 and acks:
             await self._stop_run(tenant, n)
@@ -218,7 +222,8 @@ class Load:
         self.stats.attempted += 1
         answer = await self._post(tenant, body)
         if answer is not None and answer[0] < 300:
-            self.stats.acks.append(Ack(tenant, answer[1], answer[0], body))
+            at = asyncio.get_running_loop().time()
+            self.stats.acks.append(Ack(tenant, answer[1], answer[0], body, at))
 
     async def _hostile(self, tenant: str, n: int, run_id: str) -> None:
         capability = self._rng.choice([SIDE_EFFECTS, APPROVED, READ_ONLY])
@@ -240,6 +245,16 @@ class Load:
                 f"{hostile.kind} {hostile.body[:100]!r}: {response.status_code}"
                 f" {response.text[:120]}"
             )
+
+    def _fresh(self, acks: list[Ack]) -> list[Ack]:
+        """The acknowledgements a producer may still retry: those younger than
+        :data:`REPLAY_WITHIN` (the retention job may archive a call soon after, and
+        then its key is free again, as a provider's key is after its window)."""
+        since = asyncio.get_running_loop().time() - REPLAY_WITHIN
+        first = len(acks)
+        while first > 0 and acks[first - 1].at >= since:
+            first -= 1
+        return acks[first:]
 
     async def _replay(self, original: Ack) -> None:
         self.stats.replays += 1

@@ -40,6 +40,8 @@ class ChaosReport:
     """Outcomes a stalled worker came back with and could not record (lease lost)."""
     tenancy: dict[str, Any] = field(default_factory=dict)
     """What the tenants shared, and the dead letters (``run._tenancy``)."""
+    retention: dict[str, Any] = field(default_factory=dict)
+    """The retention job's passes, how they ended, and the calls it archived."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -91,6 +93,7 @@ class ChaosReport:
             f"calls taken over from lost workers: {self.taken_over}; outcomes fenced off "
             f"(a zombie's, after its lease was lost): {self.fenced}",
             *self._tenancy_lines(),
+            *self._retention_lines(),
             f"faults injected: {sum(self.faults.values())}",
         ]
         lines += [f"  {kind:<28} {n}" for kind, n in sorted(self.faults.items())]
@@ -124,6 +127,15 @@ class ChaosReport:
             f" over the relay's {t['maxMessageBytes']} bytes; {t['deadLettersDiscarded']}"
             f" discarded by their tenant; {t['rowsThatWaitedBehindThem']} row(s) waited"
             f" behind them); largest message published: {t['largestPublishedBytes']} bytes",
+        ]
+
+    def _retention_lines(self) -> list[str]:
+        r = self.retention
+        if not r:
+            return []
+        return [
+            f"retention: {r['archivedCalls']} calls archived and removed in {r['passes']}"
+            f" passes (exits: {_pairs(r['exits'])}; killed at: {_pairs(r['killedAt']) or 'none'})"
         ]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from devtools.chaos import retention
 from devtools.chaos.checker import INVARIANTS, Evidence, check, explained
 from devtools.chaos.dead_letters import DeadLetterDesk
 from devtools.chaos.diagnose import diagnose
@@ -50,6 +51,8 @@ class Plant:
     cli: str | None = None
     """The module every process of the service (API, workers, relays, reconciler)
     runs instead of the CLI, ``python -m tool_dispatcher``."""
+    retention: str | None = None
+    """The module the retention passes run instead of the CLI."""
 
 
 PLANTS = {
@@ -57,6 +60,8 @@ PLANTS = {
     "stale-fence": Plant(FaultKind.ZOMBIE_READ_ONLY, worker="devtools.chaos.stale_fence_worker"),
     # Tenants meet from the first submission: no fault is needed to provoke it.
     "shared-keys": Plant(None, cli="devtools.chaos.shared_keys"),
+    # Calls wait on approvals and escalations from the first seconds: no fault needed.
+    "eager-retention": Plant(None, retention="devtools.chaos.eager_retention"),
 }
 WORKERS = 2
 RELAYS = 2
@@ -108,6 +113,8 @@ async def _run(
     engine = engine_for(infra.database_url, pool_size=2)
     load = Load(f"http://127.0.0.1:{api_port}", api_keys, seed=options.seed, rate=options.rate)
     desk = DeadLetterDesk(engine, load, oversized=load.stats.oversized, limit=MAX_MESSAGE_BYTES)
+    cli = (plant and (plant.retention or plant.cli)) or "tool_dispatcher"
+    job = retention.RetentionJob(env, work / "logs", seed=options.seed, cli=cli)
     injector = Injector(supervisor, infra, proxy, sandbox_url)
     faults = plan(
         options.seed,
@@ -117,13 +124,15 @@ async def _run(
         lead=plant.lead if plant else None,
     )
     watcher: asyncio.Task[None] | None = None
+    retaining: asyncio.Task[None] | None = None
     try:
         supervisor.start_all()
         await _ready(f"{sandbox_url}/v1/health", f"http://127.0.0.1:{api_port}/readyz")
         watcher = asyncio.create_task(supervisor.watch())
-        stop_load, stop_approver = asyncio.Event(), asyncio.Event()
+        stop_load, stop_approver, stop_retention = asyncio.Event(), asyncio.Event(), asyncio.Event()
         submitting = asyncio.create_task(load.submit_until(stop_load))
         approving = asyncio.create_task(load.approve_until(stop_approver))
+        retaining = asyncio.create_task(job.run_until(stop_retention))
         await _inject(injector, faults, options.duration)
         stop_load.set()
         await submitting
@@ -141,7 +150,11 @@ async def _run(
         await approving
         notes += await _last_sweep(desk)
         await load.close()
-        evidence = await _evidence(engine, sandbox_url, load, desk, env)
+        notes += await _last_retention(job, stop_retention, retaining)
+        archived = await asyncio.to_thread(
+            retention.archived, env["TOOL_DISPATCHER_ARCHIVE_URL"], TENANTS
+        )
+        evidence = await _evidence(engine, sandbox_url, load, desk, env, archived)
         report = _report(
             options,
             infra,
@@ -155,13 +168,16 @@ async def _run(
             wall_seconds=time.monotonic() - started,
         )
         report.notes += notes
+        report.retention = {**job.summary(), "archivedCalls": evidence.archived_calls}
         return report
     finally:
-        if watcher is not None:
-            watcher.cancel()
+        for task in (watcher, retaining):
+            if task is not None:
+                task.cancel()
         await asyncio.to_thread(supervisor.stop_all)
         await proxy.stop()
         await engine.dispose()
+        job.close()
 
 
 def _environment(
@@ -172,6 +188,7 @@ def _environment(
     return {
         **environment_without_settings(),
         **chaos_env(work, infra, api_port=api_port, api_keys=api_keys, tag=tag),
+        **retention.environment(work),
     }
 
 
@@ -181,9 +198,10 @@ async def _evidence(
     load: Load,
     desk: DeadLetterDesk,
     env: Mapping[str, str],
+    archived: retention.Archived,
 ) -> Evidence:
     """What the invariants are checked against: the database, the sandbox, the load's
-    stats and the dead letters the tenants handled."""
+    stats, the dead letters the tenants handled and what retention archived."""
     return await gather(
         engine,
         sandbox_url,
@@ -192,7 +210,19 @@ async def _evidence(
         read_only={READ_ONLY},
         dispatch_topic=env["TOOL_DISPATCHER_DISPATCH_TOPIC"],
         max_message_bytes=MAX_MESSAGE_BYTES,
+        archive=archived,
     )
+
+
+async def _last_retention(
+    job: retention.RetentionJob, stop: asyncio.Event, passes: asyncio.Task[None]
+) -> list[str]:
+    """Stop the passes, then one more, unarmed: it resumes whatever a killed pass left,
+    so that the archive and the database are checked as a finished job leaves them."""
+    stop.set()
+    await passes
+    code = await job.one_pass()
+    return [] if code == 0 else [f"the last retention pass exited {code} (logs/retention.log)"]
 
 
 async def _last_sweep(desk: DeadLetterDesk) -> list[str]:

@@ -18,11 +18,15 @@ from devtools.chaos.load import (
     SIDE_EFFECT_KEYS,
     SIDE_EFFECTS,
 )
+from devtools.chaos.retention import WINDOW_SECONDS
 from dispatcher.settings import hash_api_key
 
+# The provider's idempotency window is short, so that the retention job (which keeps a
+# call while its window is open) archives calls while the run goes on.
 _RECONCILE = (
     "initialDelaySeconds = 0.5, maxDelaySeconds = 3, "
-    'onNotFound = "redispatch", maxRedispatches = 4, inFlightSeconds = 10'
+    'onNotFound = "redispatch", maxRedispatches = 4, inFlightSeconds = 10, '
+    f"idempotencyWindowSeconds = {WINDOW_SECONDS:g}"
 )
 
 

@@ -17,6 +17,8 @@ class Ack:
     http_status: int
     body: str
     """The request body, so a replay sends exactly the same."""
+    at: float = 0.0
+    """When it was acknowledged (the event loop's clock)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,8 @@ DEFAULT_WINDOW_SECONDS: float = ReconcilePolicy.model_fields["idempotency_window
 
 @dataclass(frozen=True, slots=True)
 class RetentionPolicy:
-    default_days: int
-    days_by_tenant: Mapping[str, int] = field(default_factory=dict)
+    default_days: float
+    days_by_tenant: Mapping[str, float] = field(default_factory=dict)
     # Each capability's reconcile.idempotencyWindowSeconds: a call dispatched less than
     # this long ago may still be re-sent or looked up by its key, so it stays.
     windows: Mapping[str, float] = field(default_factory=dict)
@@ -32,14 +32,14 @@ class RetentionPolicy:
             batch_size=settings.retention_batch_size,
         )
 
-    def days(self, tenant: str) -> int:
+    def days(self, tenant: str) -> float:
         return self.days_by_tenant.get(tenant, self.default_days)
 
     def cutoff(self, tenant: str, now: datetime) -> datetime:
         """A terminal call of ``tenant`` last changed before this is due."""
         return now - timedelta(days=self.days(tenant))
 
-    def shortest_days(self) -> int:
+    def shortest_days(self) -> float:
         return min([self.default_days, *self.days_by_tenant.values()])
 
     def unknown_window(self) -> float:

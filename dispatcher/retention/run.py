@@ -190,7 +190,9 @@ async def _drop_days(
     ctx: Context, policy: RetentionPolicy, now: datetime, deadline: float, report: PassReport
 ) -> None:
     # A day younger than the shortest retention holds calls no tenant has let go yet.
-    newest = (now - timedelta(days=policy.shortest_days())).date()
+    # Yesterday and today always stay: ensure_days keeps them (an event written near
+    # midnight), and a retention under a day would drop and create yesterday each pass.
+    newest = min((now - timedelta(days=policy.shortest_days())).date(), now.date() - timedelta(1))
     async with ctx.sessions() as session:
         found = await partitions.days(session)
     for day, name in sorted(found.items()):

@@ -11,6 +11,9 @@ off on purpose must fail on the invariant that guards it.
   are one request to the provider, and a tenant's call waits behind the other tenant's
   dead letter of the same toolCallId; invariant 8 (no tenant's call affected by
   another tenant's).
+- ``eager-retention``: the retention job archives and removes calls that can still move
+  (escalated, with their escalations open); invariant 9 (retention archives a call
+  once, only when it is finished, and nothing moves after).
 
 (The clean run is CI's: `python -m devtools chaos --duration 90 --seed 7`.)"""
 
@@ -96,3 +99,16 @@ def test_shared_keys_are_reported_as_calls_affected_by_another_tenants(
     assert held, printed
     assert len(held) == found["tenancy"]["rowsThatWaitedBehindThem"], printed
     assert all(v.startswith("row ") and "of tenant chaos waited" in v for v in held)
+
+
+def test_eager_retention_is_reported_as_calls_archived_before_they_finished(
+    tmp_path: Path, pg_server_url: str, kafka_bootstrap: str
+) -> None:
+    # Escalated calls (the documents the provider never finishes) sit for longer than
+    # the run's retention age (15 s): the planted job takes them with their open
+    # escalations, where the real one leaves them.
+    found, printed = planted_run(tmp_path, pg_server_url, kafka_bootstrap, "eager-retention", 20)
+    eager = found["violations"]["9"]
+    assert eager["count"] > 0, printed
+    assert any("archived while escalated" in v for v in eager["samples"]), eager
+    assert found["retention"]["archivedCalls"] > 0

@@ -167,7 +167,7 @@ def counts(evidence: Evidence) -> dict[int, int]:
 
 
 def test_a_clean_run_has_no_violations() -> None:
-    assert counts(clean()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
+    assert counts(clean()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0}
 
 
 def test_lost_submission_and_replay_mismatch_violate_1() -> None:
@@ -181,7 +181,7 @@ def test_a_hostile_submission_not_refused_or_a_valid_one_refused_violates_6() ->
     evidence = clean()
     evidence.hostile_misanswered = ["nul_in_input b'{...}': 503 service_unavailable"]
     evidence.valid_refused = ['{"runId": ...}: 400 validation_failed']
-    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 2, 7: 0, 8: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 2, 7: 0, 8: 0, 9: 0}
 
 
 def test_stuck_calls_violate_2() -> None:
@@ -189,7 +189,7 @@ def test_stuck_calls_violate_2() -> None:
     evidence.calls = {("t", "a"): call("a", S.RESULT_UNKNOWN)}
     evidence.events = [*completed_log("a")[:3], event("a", "x", 9, to="result_unknown")]
     evidence.effects = {}
-    assert counts(evidence) == {1: 0, 2: 1, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
+    assert counts(evidence) == {1: 0, 2: 1, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0}
 
 
 @pytest.mark.parametrize(
@@ -211,7 +211,7 @@ def test_effects_that_disagree_with_the_status_violate_3(
     evidence.events = [*completed_log("a")[:3], event("a", "x", 9, to=status.value)]
     evidence.effects = {"k-a": effects}
     evidence.reversals = {"k-a": reversals}
-    assert counts(evidence) == {1: 0, 2: 0, 3: 1, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 1, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0}
 
 
 def test_effect_under_a_key_no_call_has_violates_3() -> None:
@@ -233,7 +233,7 @@ def test_read_only_calls_are_only_checked_for_duplicates() -> None:
 def test_status_the_log_does_not_reproduce_violates_4() -> None:
     evidence = clean()
     evidence.events = completed_log("a")[:3]
-    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 1, 5: 0, 6: 0, 7: 0, 8: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 1, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0}
 
 
 def test_unpublished_rows_and_dead_letters_violate_5() -> None:
@@ -332,7 +332,7 @@ def twins(**changed: Any) -> Evidence:
 
 
 def test_tenants_whose_names_meet_kept_apart_keep_8() -> None:
-    assert counts(twins()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
+    assert counts(twins()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0}
 
 
 def test_one_provider_key_for_calls_of_two_tenants_violates_8() -> None:
@@ -418,7 +418,7 @@ def test_a_claim_taken_over_and_ended_by_its_new_holder_keeps_7() -> None:
     assert unfenced(log) == []
     evidence = clean()
     evidence.events = log
-    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0}
 
 
 def test_a_stale_write_after_another_workers_claim_violates_7() -> None:
@@ -432,7 +432,7 @@ def test_a_stale_write_after_another_workers_claim_violates_7() -> None:
         ended("a", 5, "w-1", 3),  # w-1 woke up; w-2's own answer is fenced out after it
         event("a", "tool.call.completed", 6, **{"from": ["accepted"]}, to="completed"),
     ]
-    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 1, 8: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 1, 8: 0, 9: 0}
     [found] = check(evidence)[7]
     assert "by w-1 for its claim at version 3" in found and "held by w-2 at version 5" in found
 
