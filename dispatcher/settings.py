@@ -239,9 +239,7 @@ class Settings(BaseSettings):
     # passed to the filesystem (e.g. {"endpoint_url": ...} for an S3-compatible store).
     # Fractions of a day are allowed: a test or a chaos run keeps calls for seconds.
     retention_days: float = Field(default=30.0, gt=0)
-    retention_days_by_tenant: dict[str, Annotated[float, Field(gt=0)]] = Field(
-        default_factory=dict
-    )
+    retention_days_by_tenant: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
     archive_url: str | None = Field(default=None, pattern=r"^(file|s3)://.+")
     archive_storage_options: dict[str, Any] = Field(default_factory=dict)
     # Calls archived per batch (one set of files, one delete transaction), and how long
