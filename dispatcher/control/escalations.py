@@ -36,6 +36,7 @@ from dispatcher.schemas import EscalationView, Finding
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import EscalationStatus, ReconciliationStatus, VerificationStatus
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.views.queries import events_of_call
 
 
 def resolution_commands(escalation_id: str) -> dict[str, list[str]]:
@@ -145,10 +146,7 @@ async def _evidence(
                 execution_events.c.producer,
                 execution_events.c.payload,
             )
-            .where(
-                execution_events.c.tenant == call["tenant"],
-                execution_events.c.tool_call_id == call["tool_call_id"],
-            )
+            .where(events_of_call(call["tenant"], call["tool_call_id"]))
             .order_by(execution_events.c.seq)
         )
     ).all()

@@ -4,7 +4,9 @@ tenant's call reads exactly like a missing one. (A run's event log is read by
 
 from __future__ import annotations
 
-from sqlalchemy import RowMapping, Table, select
+from datetime import timedelta
+
+from sqlalchemy import ColumnElement, RowMapping, Table, and_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import approvals, escalations, execution_events, tool_calls
@@ -24,11 +26,34 @@ async def _one(
     return None if row is None else row._mapping
 
 
+# Events are stamped by the processes that write them, the call by the database: a day
+# covers any difference between their clocks.
+_CLOCKS = timedelta(days=1)
+
+
+def events_of_call(tenant: str, tool_call_id: str) -> ColumnElement[bool]:
+    """The events of one call: its key, and no earlier than the call itself. The log is
+    partitioned by day, and a lookup by call alone probes every day's index; the call's
+    creation bounds the days from below, which the executor prunes at run time (a
+    recent call's events are then read from its few days, however long the retention).
+    A call no longer in ``tool_calls`` has none."""
+    created = (
+        select(tool_calls.c.created_at - _CLOCKS)
+        .where(tool_calls.c.tenant == tenant, tool_calls.c.tool_call_id == tool_call_id)
+        .scalar_subquery()
+    )
+    return and_(
+        execution_events.c.tenant == tenant,
+        execution_events.c.tool_call_id == tool_call_id,
+        execution_events.c.occurred_at >= created,
+    )
+
+
 async def call_events(session: AsyncSession, tenant: str, tool_call_id: str) -> list[EventView]:
     """One call's events, in the order they were recorded."""
     rows = await session.execute(
         select(execution_events)
-        .where(execution_events.c.tenant == tenant, execution_events.c.tool_call_id == tool_call_id)
+        .where(events_of_call(tenant, tool_call_id))
         .order_by(execution_events.c.seq)
     )
     return [EventView.of(r._mapping) for r in rows]
