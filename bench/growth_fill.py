@@ -122,8 +122,13 @@ class Columns:
         if missing:
             raise SystemExit(f"{table}: the fill does not know {sorted(missing)}")
         names = [c for c in known if c in have]
-        values = ", ".join(f"({known[c]})::{have[c]}" for c in names)
+        values = ", ".join(self._value(known[c], have[c]) for c in names)
         return f"INSERT INTO {table} ({', '.join(names)}) SELECT {values} {source} {order}"
+
+    @staticmethod
+    def _value(sql: str, type_: str) -> str:
+        # A digest column is written as hex digits; bytea (migration 0016) holds the bytes.
+        return f"decode({sql}, 'hex')" if type_ == "bytea" else f"({sql})::{type_}"
 
 
 def bind(
@@ -149,7 +154,12 @@ def _chunk(
         rows.CALLS,
         "CREATE INDEX ON gen_calls (n)",
         "ANALYZE gen_calls",
-        cols.insert("tool_calls", rows.call_columns(), "FROM gen_calls c", "ORDER BY c.n"),
+        cols.insert(
+            "tool_calls",
+            rows.call_columns(stores_namespaced_keys="provider_key" in cols.required["tool_calls"]),
+            "FROM gen_calls c",
+            "ORDER BY c.n",
+        ),
         cols.insert("execution_events", events, f"FROM ({rows.EVENTS}) AS e", "ORDER BY e.at"),
         cols.insert("approvals", rows.APPROVALS, "FROM gen_calls c WHERE c.approval IS NOT NULL"),
         cols.insert(

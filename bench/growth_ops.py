@@ -265,7 +265,7 @@ async def _due_unknowns(t: Target) -> None:
     rows = [
         {"tool_call_id": key, "tenant": t.tenant, "run_id": t.run, "capability_id": "send-email",
          "input": {"n": key}, "idempotency_key": key, "provider_key": key,
-         "request_fingerprint": "bench", "status": "result_unknown",
+         "request_fingerprint": b"bench", "status": "result_unknown",
          "verification_status": "pending", "reconciliation_status": "pending",
          "dispatch_attempts": 1, "dispatched_at": func.now(),
          "next_reconcile_at": text("now() - interval '1 second'")}

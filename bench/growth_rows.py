@@ -79,8 +79,9 @@ CROSS JOIN LATERAL (
 """
 
 
-def call_columns() -> dict[str, str]:
-    """``tool_calls`` column -> SQL over ``c`` (a ``gen_calls`` row)."""
+def call_columns(*, stores_namespaced_keys: bool = True) -> dict[str, str]:
+    """``tool_calls`` column -> SQL over ``c`` (a ``gen_calls`` row). From migration
+    0016 on, a namespaced provider key is not stored (NULL: intake's ``key_to_store``)."""
     done = "c.created_at + c.finished * interval '1 ms'"
     return {
         "tool_call_id": "c.tool_call_id",
@@ -90,7 +91,9 @@ def call_columns() -> dict[str, str]:
         "capability_id": "c.capability_id",
         "input": "c.input",
         "idempotency_key": "c.idempotency_key",
-        "provider_key": "c.tenant || ':' || c.idempotency_key",
+        "provider_key": "c.tenant || ':' || c.idempotency_key"
+        if stores_namespaced_keys
+        else "NULL",
         "request_fingerprint": "md5('fp:' || c.n) || md5('fp2:' || c.n)",
         "status": "c.status",
         "verification_status": "c.verification",

@@ -13,7 +13,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from dispatcher.intake.keys import fingerprint
-from dispatcher.tenancy import ordering_key, provider_key
+from dispatcher.tenancy import ordering_key
 
 TENANT = "bench"
 CAPABILITY = "send-email"  # no approval, no key template: one call, two events, one command
@@ -124,7 +124,7 @@ def pgbench_script(input_json: str, fp: str) -> str:
     return f"""\\set id random(1, 9000000000000000000)
 BEGIN;
 INSERT INTO tool_calls ({_CALL_COLUMNS}) VALUES ({tc}, '{TENANT}', {run}, NULL, '{CAPABILITY}',
-  '{input_json}'::jsonb, {tc}, '{TENANT}:' || {tc}, '{fp}', 'authorized', NULL, NULL, NULL)
+  '{input_json}'::jsonb, {tc}, NULL, '\\x{fp}', 'authorized', NULL, NULL, NULL)
   ON CONFLICT DO NOTHING RETURNING *;
 INSERT INTO execution_events ({_EVENT_COLUMNS}) VALUES
   ({req}, 'tool.call.requested', '{TENANT}', {run}, NULL, '{PRODUCER}', NULL,
@@ -146,7 +146,8 @@ def raw_rows(run: str) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[Non
     """The same rows as intake writes, in raw psycopg, on the connection it is given
     (in the transaction open there)."""
     call_sql, events_sql, outbox_sql, summary_sql = PSYCOPG_SQL
-    fp = fingerprint(CAPABILITY, INPUT)
+    # As intake stores them: the digest's bytes, no namespaced provider key (NULL).
+    digest = bytes.fromhex(fingerprint(CAPABILITY, INPUT))
 
     async def write(conn: psycopg.AsyncConnection[Any]) -> None:
         tc = str(uuid.uuid4())
@@ -163,7 +164,7 @@ def raw_rows(run: str) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[Non
         }
         cur = await conn.execute(
             call_sql,
-            (tc, TENANT, run, CAPABILITY, Jsonb(INPUT), tc, provider_key(TENANT, tc), fp),
+            (tc, TENANT, run, CAPABILITY, Jsonb(INPUT), tc, None, digest),
         )
         await cur.fetchone()
         await conn.execute(

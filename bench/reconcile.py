@@ -159,7 +159,7 @@ class Run:
                                 "input": {"n": key},
                                 "idempotency_key": key,
                                 "provider_key": key,
-                                "request_fingerprint": "bench",
+                                "request_fingerprint": b"bench",
                                 "status": "result_unknown",
                                 "verification_status": "pending",
                                 "reconciliation_status": "pending",

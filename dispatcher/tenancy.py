@@ -73,3 +73,19 @@ def provider_key(tenant: str, idempotency_key: str, *, namespaced: bool = True) 
     if not namespaced:
         return idempotency_key
     return f"{quote(tenant, safe=_PROVIDER_SAFE)}{PROVIDER_SEPARATOR}{idempotency_key}"
+
+
+def stored_provider_key(tenant: str, idempotency_key: str, stored: str | None) -> str:
+    """The key a call's provider receives, from its row: the stored one, or, where none
+    is stored (``tool_calls.provider_key`` NULL), the namespaced form of the call's own
+    idempotency key. Intake stores NULL for exactly that form, so no key is kept twice;
+    :func:`provider_key` is a public contract and does not change, so the key a call
+    was first sent with is the key it keeps."""
+    return stored if stored is not None else provider_key(tenant, idempotency_key)
+
+
+def key_to_store(tenant: str, idempotency_key: str, *, namespaced: bool) -> str | None:
+    """What ``tool_calls.provider_key`` holds for a call keyed ``idempotency_key``:
+    NULL for the namespaced form (:func:`stored_provider_key` gives it back), else the
+    key as written."""
+    return None if namespaced else provider_key(tenant, idempotency_key, namespaced=False)

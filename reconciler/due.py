@@ -29,6 +29,7 @@ from dispatcher.ledger.leases import claim_follow_ups
 from dispatcher.logs import log_context
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus
+from dispatcher.tenancy import stored_provider_key
 
 FOLLOWED_UP = (S.RESULT_UNKNOWN, S.ACCEPTED)
 """Statuses the reconciler settles: unknown outcomes, and accepted-but-pending calls."""
@@ -120,6 +121,7 @@ async def claim_due(
             tool_calls.c.run_id,
             tool_calls.c.capability_id,
             tool_calls.c.status,
+            tool_calls.c.idempotency_key,
             tool_calls.c.provider_key,
             tool_calls.c.external_request_id,
             tool_calls.c.version,
@@ -138,7 +140,7 @@ async def claim_due(
             run_id=r.run_id,
             capability_id=r.capability_id,
             status=S(r.status),
-            provider_key=r.provider_key,
+            provider_key=stored_provider_key(r.tenant, r.idempotency_key, r.provider_key),
             external_request_id=r.external_request_id,
             version=r.version,
             reconcile_attempts=r.reconcile_attempts,

@@ -22,6 +22,7 @@ from dispatcher.schemas import EventView
 from dispatcher.states import SETTLED_STATES
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import VerificationStatus as V
+from dispatcher.tenancy import stored_provider_key
 
 _UNPUBLISHED = (outbox.c.published_at.is_(None), outbox.c.dead_lettered_at.is_(None))
 
@@ -50,7 +51,7 @@ def _record(r: Mapping[Any, Any], read_only: Collection[str]) -> CallRecord:
         S(r["status"]),
         V(r["verification_status"]),
         # The key every send, lookup and compensation used: as the sandbox got it.
-        r["provider_key"],
+        stored_provider_key(r["tenant"], r["idempotency_key"], r["provider_key"]),
         r["capability_id"] not in read_only,
         r["idempotency_key"],
         r["input"],

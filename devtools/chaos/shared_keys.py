@@ -46,6 +46,11 @@ def shared_provider_key(tenant: str, idempotency_key: str, *, namespaced: bool =
     return idempotency_key
 
 
+def shared_key_to_store(tenant: str, idempotency_key: str, *, namespaced: bool) -> str:
+    # Stored as written, so every process sends the shared key, planted or not.
+    return idempotency_key
+
+
 def arm() -> None:
     """Rebind the key functions; refuses if a module that could hold the real ones
     (imported with ``from dispatcher.tenancy import ...``) is loaded already."""
@@ -57,6 +62,7 @@ def arm() -> None:
     tenancy.ordering_key = shared_ordering_key
     tenancy.ordering_key_sql = shared_ordering_key_sql
     tenancy.provider_key = shared_provider_key
+    tenancy.key_to_store = shared_key_to_store
 
 
 def main() -> int:

@@ -37,7 +37,7 @@ from devtools.chaos.load import (
 from devtools.chaos.load import SIDE_EFFECTS as REFUND
 from devtools.chaos.schedule import FaultKind, PlannedFault
 from devtools.chaos.supervisor import Supervisor
-from dispatcher.tenancy import provider_key
+from dispatcher.tenancy import provider_key, stored_provider_key
 from kit.owners import owner_prefix
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ BAITS = {
 }
 
 _HELD = """
-SELECT tenant, tool_call_id, provider_key, lease_owner FROM tool_calls
+SELECT tenant, tool_call_id, provider_key, lease_owner, idempotency_key FROM tool_calls
 WHERE status = 'dispatching' AND capability_id = ANY(%s) AND lease_owner LIKE ANY(%s)
   AND updated_at < now() - make_interval(secs => %s)
 ORDER BY lease_owner
@@ -182,7 +182,9 @@ class FenceZombies:
         for worker, owner in owners.items():  # the fault's target first
             prefix = owner.rstrip("%")
             if calls := [
-                ((str(r[0]), str(r[1])), str(r[2])) for r in rows if str(r[3]).startswith(prefix)
+                ((str(r[0]), str(r[1])), stored_provider_key(str(r[0]), str(r[4]), r[2]))
+                for r in rows
+                if str(r[3]).startswith(prefix)
             ]:
                 return Held(worker, owner, calls)
         return None

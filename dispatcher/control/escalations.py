@@ -36,6 +36,7 @@ from dispatcher.schemas import EscalationView, Finding
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import EscalationStatus, ReconciliationStatus, VerificationStatus
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.tenancy import stored_provider_key
 from dispatcher.views.queries import events_of_call
 
 
@@ -157,7 +158,9 @@ async def _evidence(
             "runId": call["run_id"],
             "capabilityId": call["capability_id"],
             "idempotencyKey": call["idempotency_key"],
-            "providerKey": call["provider_key"],
+            "providerKey": stored_provider_key(
+                call["tenant"], call["idempotency_key"], call["provider_key"]
+            ),
             "externalRequestId": call["external_request_id"],
             "input": call["input"],
             "dispatchAttempts": call["dispatch_attempts"],

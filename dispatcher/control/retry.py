@@ -29,7 +29,7 @@ from dispatcher.schemas import RetryRequest, ToolCallView
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus, VerificationStatus
-from dispatcher.tenancy import provider_key
+from dispatcher.tenancy import key_to_store
 
 RETRIABLE = (S.FAILED, S.ESCALATED)
 
@@ -96,7 +96,7 @@ async def retry_call(
     }
     if request.new_idempotency_key:
         capability = registry.get(call["capability_id"])
-        fields["provider_key"] = provider_key(tenant, key, namespaced=capability.namespaces_keys)
+        fields["provider_key"] = key_to_store(tenant, key, namespaced=capability.namespaces_keys)
         # The provider's id names the old request, not the one about to be sent.
         fields["external_request_id"] = None
     moved = await move(

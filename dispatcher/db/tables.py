@@ -24,8 +24,9 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import BYTEA, JSONB
 
+from dispatcher.db.labels import Label
 from dispatcher.db.run_summaries import run_summaries_table
 from dispatcher.states import (
     IN_FLIGHT_STATES,
@@ -69,9 +70,12 @@ tool_calls = Table(
     Column("input", JSONB, nullable=False),
     Column("idempotency_key", Text, nullable=False),
     # The key the provider receives (dispatcher.tenancy.provider_key, migration 0009):
-    # fixed at intake, so every send, lookup and compensation of the call uses it.
-    Column("provider_key", Text, nullable=False),
-    Column("request_fingerprint", Text, nullable=False),
+    # fixed at intake, so every send, lookup and compensation of the call uses it. NULL
+    # when it is the namespaced form of idempotency_key (migration 0016): read through
+    # dispatcher.tenancy.stored_provider_key.
+    Column("provider_key", Text),
+    # SHA-256 of the request (dispatcher.intake.keys), its 32 bytes (migration 0016).
+    Column("request_fingerprint", BYTEA, nullable=False),
     Column("status", Text, nullable=False),
     Column(
         "verification_status",
@@ -168,11 +172,12 @@ execution_events = Table(
     # names its run and reads the run's events).
     Column("seq", BigInteger, Identity(always=True), nullable=False),
     Column("event_id", Text, nullable=False),
-    Column("event_type", Text, nullable=False),
+    # Enum labels (migration 0016): 4 bytes for the few fixed strings every event had.
+    Column("event_type", Label(name="execution_event_type", create_type=False), nullable=False),
     Column("tenant", Text, nullable=False),
     Column("run_id", Text, nullable=False),
     Column("turn_id", Text),
-    Column("producer", Text, nullable=False),
+    Column("producer", Label(name="execution_event_producer", create_type=False), nullable=False),
     Column("reasoning_object_id", Text),
     Column("capability_id", Text),
     Column("correlation_id", Text),

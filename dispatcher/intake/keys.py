@@ -22,6 +22,20 @@ def fingerprint(capability_id: str, call_input: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def fingerprint_column(digest: str) -> str:
+    """``digest`` (:func:`fingerprint`) as ``tool_calls.request_fingerprint`` takes it
+    in a JSON parameter: bytea's hex input form, so its 32 bytes are what is stored
+    (migration 0016), not its 64 digits."""
+    return f"\\x{digest}"
+
+
+def same_request(stored: bytes, digest: str) -> bool:
+    """Whether a call's stored fingerprint is ``digest``: its 32 bytes, or the digits'
+    own text, which a release before migration 0016 writes into the bytea column while
+    the two run side by side."""
+    return stored == bytes.fromhex(digest) or stored == digest.encode()
+
+
 def default_key(
     request: SubmitRequest, tool_call_id: str, template: str | None, tenant: str
 ) -> str:

@@ -24,6 +24,8 @@ class Prepared:
     capability: Capability
     submitted_by: str | None
     values: dict[str, Any]
+    # The request's fingerprint (dispatcher.intake.keys.fingerprint), as hex digits.
+    fingerprint: str
     trace: Trace = None
 
     @property
@@ -109,7 +111,7 @@ def _approval(prep: Prepared) -> dict[str, Any]:
         "run_id": prep.values["run_id"],
         "capability_id": capability.id,
         "risk": capability.risk,
-        "input_hash": prep.values["request_fingerprint"],
+        "input_hash": prep.fingerprint,
         "policy_version": capability.policy_version,
         "requested_by": prep.submitted_by,
         "expires_at": expires_at.isoformat(),

@@ -29,7 +29,7 @@ from dispatcher.errors import (
 )
 from dispatcher.ids import random_uuid
 from dispatcher.intake.approvals import asked_approval, recorded_approvals
-from dispatcher.intake.keys import default_key, fingerprint
+from dispatcher.intake.keys import default_key, fingerprint, fingerprint_column, same_request
 from dispatcher.intake.plan import Prepared, plan_created
 from dispatcher.intake.statement import (
     STOPPED_RUNS,
@@ -49,7 +49,7 @@ from dispatcher.schemas import (
 )
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import ExecutionStatus
-from dispatcher.tenancy import provider_key
+from dispatcher.tenancy import key_to_store
 from dispatcher.tracing import Trace, annotate, submit_span
 
 
@@ -223,8 +223,10 @@ def prepare(
     status = (
         ExecutionStatus.PROPOSED if capability.requires_approval else ExecutionStatus.AUTHORIZED
     )
+    digest = fingerprint(request.capability_id, request.input)
     return Prepared(
         request=request,
+        fingerprint=digest,
         tenant=tenant,
         capability=capability,
         submitted_by=submitted_by,
@@ -237,8 +239,8 @@ def prepare(
             "capability_id": request.capability_id,
             "input": request.input,
             "idempotency_key": key,
-            "provider_key": provider_key(tenant, key, namespaced=capability.namespaces_keys),
-            "request_fingerprint": fingerprint(request.capability_id, request.input),
+            "provider_key": key_to_store(tenant, key, namespaced=capability.namespaces_keys),
+            "request_fingerprint": fingerprint_column(digest),
             "status": status.value,
             "correlation_id": request.correlation_id,
             "causation_id": request.causation_id,
@@ -288,7 +290,7 @@ async def _replay(
         elif row is None:
             # The key is free, so the clash was on the primary key: another call owns it.
             outcomes[i] = ToolCallIdConflict(prep.values["tool_call_id"])
-        elif row["request_fingerprint"] != prep.values["request_fingerprint"] or (
+        elif not same_request(row["request_fingerprint"], prep.fingerprint) or (
             prep.request.tool_call_id not in (None, row["tool_call_id"])
         ):
             outcomes[i] = IdempotencyKeyReused(prep.key[1], row["tool_call_id"])

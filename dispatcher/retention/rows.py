@@ -3,7 +3,11 @@
 Each archived table has the columns of its database table, typed from the models
 (:mod:`dispatcher.db.tables`): text as strings, timestamps as microsecond UTC
 timestamps, jsonb as its JSON text (DuckDB's ``json`` functions read it), dates as
-dates. Nothing is renamed, so a query over the archive reads like one over the tables.
+dates, bytea as binary. Nothing is renamed, so a query over the archive reads like one
+over the tables. One value is written out where the table leaves it implied: a call's
+``provider_key``, which the live row stores only when it is not the namespaced form
+of its idempotency key (:func:`dispatcher.tenancy.stored_provider_key`), so the archive
+names the key its provider saw without that rule.
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ from typing import Any
 
 import pyarrow as pa
 from sqlalchemy import BigInteger, Date, DateTime, Integer, Table
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import BYTEA, JSONB
 
 from dispatcher.db.jsonb import dumps
 from dispatcher.db.tables import approvals, escalations, execution_events, tool_calls
 from dispatcher.schemas import EventView
+from dispatcher.tenancy import stored_provider_key
 
 TABLES: dict[str, Table] = {
     "calls": tool_calls,
@@ -38,6 +43,8 @@ def _arrow_type(column_type: Any) -> pa.DataType:
         return pa.timestamp("us", tz="UTC")
     if isinstance(column_type, Date):
         return pa.date32()
+    if isinstance(column_type, BYTEA):
+        return pa.binary()
     return pa.string()  # text, and jsonb as its JSON text
 
 
@@ -54,6 +61,8 @@ def to_arrow(name: str, rows: Iterable[Mapping[Any, Any]]) -> pa.Table:
     """The ``name`` table of the archive holding ``rows`` (stored rows, as read)."""
     as_json = _json_columns(name)
     columns = schema(name).names
+    if name == "calls":
+        rows = (_with_provider_key(row) for row in rows)
     listed = [
         {
             c: (None if row[c] is None else dumps(row[c]).decode()) if c in as_json else row[c]
@@ -62,6 +71,11 @@ def to_arrow(name: str, rows: Iterable[Mapping[Any, Any]]) -> pa.Table:
         for row in rows
     ]
     return pa.Table.from_pylist(listed, schema=schema(name))
+
+
+def _with_provider_key(row: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    key = stored_provider_key(row["tenant"], row["idempotency_key"], row["provider_key"])
+    return {**row, "provider_key": key}
 
 
 def from_arrow(name: str, table: pa.Table) -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import BulkMove, move_many
 from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.tenancy import stored_provider_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +154,7 @@ async def claim_calls(
         Claim(
             row.tool_call_id,
             capabilities[row.capability_id],
-            row.provider_key,
+            stored_provider_key(row.tenant, row.idempotency_key, row.provider_key),
             row.input,
             row.correlation_id,
             row.version,

@@ -125,7 +125,8 @@ async def test_an_opened_escalation_is_counted_once(sessions: Sessions) -> None:
         async with sessions() as session, session.begin():
             await escalate(
                 session, call, tenant="acme", expected=S.RESULT_UNKNOWN,
-                reason="lookups kept timing out", evidence={}, producer="test",
+                reason="lookups kept timing out", evidence={},
+                producer="tool-dispatcher.reconciler",
             )  # fmt: skip
 
     await open_it()

@@ -48,7 +48,7 @@ async def shared_escalations(sessions: Sessions) -> dict[str, str]:
                 expected=S.RESULT_UNKNOWN,
                 reason=f"{tenant}'s lookups kept failing",
                 evidence={},
-                producer="test",
+                producer="tool-dispatcher.reconciler",
             )
         # Its first episode, and a history of its own call's events only.
         assert (view.tenant, view.episode, len(view.evidence["history"])) == (tenant, 1, 1)
@@ -255,7 +255,7 @@ async def test_escalating_clears_the_call_for_a_human_and_keeps_its_evidence(
             expected=S.RESULT_UNKNOWN,
             reason="three lookups failed",
             evidence={"lastAnswer": {"observation": "lookup_failed"}},
-            producer="test",
+            producer="tool-dispatcher.reconciler",
             fields={"last_error": "lookup: ReadTimeout"},
         )
     row = await call_row_of(sessions, call)
@@ -291,7 +291,7 @@ async def test_escalating_clears_the_call_for_a_human_and_keeps_its_evidence(
     assert evidence["lastAnswer"] == {"observation": "lookup_failed"}
     [escalated] = evidence["history"]
     assert escalated["eventType"] == EventType.TOOL_CALL_ESCALATED.value
-    assert escalated["producer"] == "test"
+    assert escalated["producer"] == "tool-dispatcher.reconciler"
     assert escalated["payload"] == {
         "from": [S.RESULT_UNKNOWN.value],
         "to": S.ESCALATED.value,
@@ -307,7 +307,7 @@ async def test_escalating_clears_the_call_for_a_human_and_keeps_its_evidence(
     )
     opened = await last_message(sessions, "tool-dispatcher.escalations")
     assert opened.payload["escalationId"] == view.escalation_id
-    assert opened.headers["ce_source"] == ce_source("test")
+    assert opened.headers["ce_source"] == ce_source(Producer.RECONCILER)
 
 
 async def call_row_of(sessions: Sessions, call: str) -> dict[str, Any]:

@@ -58,7 +58,7 @@ async def escalated_call(sessions: async_sessionmaker[AsyncSession], key: str) -
             expected=S.RESULT_UNKNOWN,
             reason="lookups kept timing out",
             evidence={"lastAnswer": {"observation": "lookup_failed"}},
-            producer="test",
+            producer="tool-dispatcher.reconciler",
         )
     return call, view.escalation_id
 
@@ -94,7 +94,7 @@ async def test_a_second_open_of_the_same_episode_is_refused(
             expected=S.RESULT_UNKNOWN,
             reason="lookups kept timing out",
             evidence={},
-            producer="test",
+            producer="tool-dispatcher.reconciler",
         )
         racing = asyncio.create_task(second_open(first.episode))
         await asyncio.sleep(0.2)  # the second insert reaches the index and waits on ours

@@ -22,7 +22,8 @@ def conn(database_url: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         connection.execute(
             "INSERT INTO execution_events (event_id, event_type, tenant, run_id, producer,"
             " schema_version, occurred_at, payload)"
-            " VALUES ('evt_1', 'tool.call.requested', 'acme', 'run-1', 'test', 1, now(),"
+            " VALUES ('evt_1', 'tool.call.requested', 'acme', 'run-1',"
+            " 'tool-dispatcher.worker', 1, now(),"
             " '{\"k\": 1}')"
         )
         yield connection
@@ -58,7 +59,8 @@ def test_the_refusal_aborts_the_whole_transaction(
     with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():
         conn.execute(
             "INSERT INTO execution_events (event_id, event_type, tenant, run_id, producer,"
-            " schema_version, occurred_at) VALUES ('evt_2', 'x', 'acme', 'run-1', 'test', 1, now())"
+            " schema_version, occurred_at) VALUES ('evt_2', 'tool.call.authorized', 'acme',"
+            " 'run-1', 'tool-dispatcher.worker', 1, now())"
         )
         conn.execute("DELETE FROM execution_events WHERE event_id = 'evt_1'")
 
@@ -68,6 +70,7 @@ def test_the_refusal_aborts_the_whole_transaction(
 def test_appending_is_allowed(conn: psycopg.Connection[dict[str, Any]]) -> None:
     conn.execute(
         "INSERT INTO execution_events (event_id, event_type, tenant, run_id, producer,"
-        " schema_version, occurred_at) VALUES ('evt_2', 'x', 'acme', 'run-1', 'test', 1, now())"
+        " schema_version, occurred_at) VALUES ('evt_2', 'tool.call.authorized', 'acme',"
+        " 'run-1', 'tool-dispatcher.worker', 1, now())"
     )
     assert [r["event_id"] for r in conn.execute(SELECT_ALL)] == ["evt_1", "evt_2"]

@@ -84,7 +84,7 @@ async def _dispatch(
             expected=S.AUTHORIZED,
             target=S.DISPATCHING,
             event_type=EventType.TOOL_CALL_DISPATCHING,
-            producer="test.worker",
+            producer="tool-dispatcher.worker",
             fields={"lease_owner": owner},
             **kwargs,
         )
@@ -105,7 +105,7 @@ async def test_move_changes_status_and_records_one_event(sessions: Sessions, cal
     assert len(after) == len(before) + 1
     event = after[-1]
     assert event["event_type"] == "tool.call.dispatching"
-    assert event["producer"] == "test.worker"
+    assert event["producer"] == "tool-dispatcher.worker"
     assert event["causation_id"] == "evt_cause"
     assert (event["tenant"], event["run_id"], event["turn_id"]) == ("acme", "run-1", "turn-1")
     assert event["capability_id"] == "send-email"
@@ -127,7 +127,7 @@ async def test_rolled_back_move_leaves_neither_state_nor_event(
                 expected=S.AUTHORIZED,
                 target=S.DISPATCHING,
                 event_type=EventType.TOOL_CALL_DISPATCHING,
-                producer="test.worker",
+                producer="tool-dispatcher.worker",
             )
             await session.rollback()
 
@@ -146,7 +146,7 @@ async def test_illegal_move_raises_and_writes_nothing(sessions: Sessions, call_i
                 expected=S.AUTHORIZED,
                 target=S.COMPLETED,
                 event_type=EventType.TOOL_CALL_COMPLETED,
-                producer="test.worker",
+                producer="tool-dispatcher.worker",
             )
         # One illegal source among legal ones is refused as a whole.
         with pytest.raises(IllegalTransition):
@@ -157,7 +157,7 @@ async def test_illegal_move_raises_and_writes_nothing(sessions: Sessions, call_i
                 expected=[S.DISPATCHING, S.AUTHORIZED],
                 target=S.COMPLETED,
                 event_type=EventType.TOOL_CALL_COMPLETED,
-                producer="test.worker",
+                producer="tool-dispatcher.worker",
             )
 
     assert await _snapshot(sessions) == before
@@ -177,7 +177,7 @@ async def test_move_from_a_state_the_call_is_not_in_conflicts(
                 expected=S.DISPATCHING,
                 target=S.COMPLETED,
                 event_type=EventType.TOOL_CALL_COMPLETED,
-                producer="test.worker",
+                producer="tool-dispatcher.worker",
             )
 
     assert info.value.retriable is True
@@ -195,7 +195,7 @@ async def test_move_of_an_unknown_call_conflicts(sessions: Sessions) -> None:
                 expected=S.AUTHORIZED,
                 target=S.DISPATCHING,
                 event_type=EventType.TOOL_CALL_DISPATCHING,
-                producer="test.worker",
+                producer="tool-dispatcher.worker",
             )
     async with sessions() as session:
         count = await session.scalar(select(func.count()).select_from(execution_events))
@@ -211,7 +211,7 @@ async def _complete(sessions: Sessions, tool_call_id: str, **fence: Any) -> Any:
             expected=S.DISPATCHING,
             target=S.COMPLETED,
             event_type=EventType.TOOL_CALL_COMPLETED,
-            producer="test.worker",
+            producer="tool-dispatcher.worker",
             fields={"lease_owner": None},
             fence=Fence(**fence),
         )
@@ -271,7 +271,7 @@ async def test_a_mover_blocked_on_the_row_lock_loses_when_the_holder_commits(
                     expected=S.AUTHORIZED,
                     target=S.DISPATCHING,
                     event_type=EventType.TOOL_CALL_DISPATCHING,
-                    producer="worker-1",
+                    producer="tool-dispatcher.worker",
                     fields={"lease_owner": "worker-1"},
                 )
                 first_updated.set()
@@ -299,7 +299,7 @@ async def test_a_mover_blocked_on_the_row_lock_loses_when_the_holder_commits(
     dispatching = [
         e for e in await _events(sessions, call_id) if e["event_type"] == "tool.call.dispatching"
     ]
-    assert [e["producer"] for e in dispatching] == ["worker-1"]
+    assert [e["producer"] for e in dispatching] == ["tool-dispatcher.worker"]
 
 
 async def test_concurrent_movers_exactly_one_wins(sessions: Sessions, call_id: str) -> None:

@@ -254,10 +254,10 @@ async def test_compensation_requested_while_unknown_undoes_the_effect_once(
     )
     async with sessions() as session, session.begin():
         assert await request_compensation(
-            session, call, tenant="acme", reason="run stopped", producer="test"
+            session, call, tenant="acme", reason="run stopped", producer="tool-dispatcher.operator"
         )
         assert not await request_compensation(
-            session, call, tenant="acme", reason="again", producer="test"
+            session, call, tenant="acme", reason="again", producer="tool-dispatcher.operator"
         )
     # The first compensation's answer is lost: the next pass sends it again (same key).
     await add_fault(

@@ -105,7 +105,11 @@ async def test_no_reconciler_failure_path_stores_or_logs_the_secret(
     if compensate:
         async with sessions() as session, session.begin():
             await request_compensation(
-                session, call, tenant="acme", reason="run stopped", producer="test"
+                session,
+                call,
+                tenant="acme",
+                reason="run stopped",
+                producer="tool-dispatcher.operator",
             )
     await add_fault(sandbox.url, faults)
 

@@ -38,7 +38,7 @@ async def test_calls_per_status_and_the_oldest_ages(sessions: Sessions) -> None:
     async with sessions() as session, session.begin():
         await escalate(
             session, stuck, tenant="acme", expected=S.RESULT_UNKNOWN, reason="no answer",
-            evidence={}, producer="test",
+            evidence={}, producer="tool-dispatcher.reconciler",
         )  # fmt: skip
         await session.execute(update(escalations).values(created_at=ago(50)))
 

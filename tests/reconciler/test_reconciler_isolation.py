@@ -71,7 +71,7 @@ async def test_a_compensation_that_cannot_be_built_is_escalated_with_that_eviden
     [good] = await insert_unknown_calls(sessions, ["k-iso-resend"], "refund")
     async with sessions() as session, session.begin():
         assert await request_compensation(
-            session, bad, tenant="acme", reason="run stopped", producer="test"
+            session, bad, tenant="acme", reason="run stopped", producer="tool-dispatcher.operator"
         )
 
     await until_settled(new_reconciler(sessions, registry, http))

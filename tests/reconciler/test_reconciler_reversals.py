@@ -46,7 +46,7 @@ async def to_compensate(
     )
     async with sessions() as session, session.begin():
         assert await request_compensation(
-            session, call, tenant="acme", reason="run stopped", producer="test"
+            session, call, tenant="acme", reason="run stopped", producer="tool-dispatcher.operator"
         )
     return call
 

@@ -89,7 +89,7 @@ async def inserted(
         "input": {"n": 1},
         "idempotency_key": f"key-{call_id}",
         "provider_key": f"key-{call_id}",
-        "request_fingerprint": "direct",
+        "request_fingerprint": b"direct",
         "status": status,
         **values,
     }
@@ -190,7 +190,7 @@ async def past_run(sessions: Sessions, *, tenant: str = "acme", calls: int = 2) 
     event = (
         "INSERT INTO execution_events (event_id, event_type, tenant, run_id, producer,"
         " tool_call_id, capability_id, schema_version, occurred_at, payload)"
-        " VALUES (:id, :type, :tenant, 'run-past', 'test', :call, :cap, 1,"
+        " VALUES (:id, :type, :tenant, 'run-past', 'tool-dispatcher.worker', :call, :cap, 1,"
         " now() - interval '40 days', CAST(:payload AS jsonb))"
     )
     async with sessions() as session, session.begin():

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.postgres
 
 _EVENT = (
     "INSERT INTO execution_events (event_id, event_type, tenant, run_id, producer,"
-    " schema_version, occurred_at) VALUES (%s, 'x', 'acme', 'run-1', 'test', 1, {when})"
+    " schema_version, occurred_at) VALUES (%s, 'tool.call.authorized', 'acme', 'run-1',"
+    " 'tool-dispatcher.worker', 1, {when})"
 )
 ALL = "SELECT * FROM execution_events ORDER BY seq"
 

@@ -22,6 +22,7 @@ from dispatcher.retention.crashpoints import crash_points
 from dispatcher.retention.policy import RetentionPolicy
 from dispatcher.retention.run import PassReport, run_pass
 from dispatcher.retention.show import archived_run
+from dispatcher.tenancy import provider_key
 from tests.fixtures.cli import run_cli
 from tests.retention.history import (
     Sessions,
@@ -110,6 +111,11 @@ async def test_old_terminal_calls_leave_for_the_archive_and_nothing_live_does(
     assert sorted((c["tenant"], c["tool_call_id"]) for c in calls) == sorted(
         [("acme", i) for i in old] + [("a=b%c", i) for i in theirs]
     )
+    # The live rows left the namespaced provider key implied; the archive names it.
+    assert [c["provider_key"] for c in calls] == [
+        provider_key(c["tenant"], c["idempotency_key"]) for c in calls
+    ]
+    assert {len(c["request_fingerprint"]) for c in calls} == {32}
     events = archived(archive, "events")
     assert duplicates([e["event_id"] for e in events]) == {}
     assert {e["tool_call_id"] for e in events} == set(old) | set(theirs)

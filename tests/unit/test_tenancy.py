@@ -10,8 +10,10 @@ from dispatcher.schemas import KEY_MAX_LENGTH, check_identifier
 from dispatcher.tenancy import (
     ORDERING_SEPARATOR,
     PROVIDER_SEPARATOR,
+    key_to_store,
     ordering_key,
     provider_key,
+    stored_provider_key,
 )
 
 tenants = st.text(min_size=1, max_size=40)
@@ -57,3 +59,21 @@ def test_a_provider_key_keeps_the_identifier_contract(tenant: str, key: str) -> 
     # It travels in a header and in lookup URLs, as the key it qualifies does.
     qualified = provider_key(tenant, key)
     assert check_identifier(qualified, KEY_MAX_LENGTH + 3 * 4 * 40 + 1) == qualified
+
+
+@given(tenants, names, st.booleans())
+def test_the_stored_provider_key_gives_back_the_key_intake_computed(
+    tenant: str, key: str, namespaced: bool
+) -> None:
+    # A namespaced key is not stored (NULL) and is read back as the same key.
+    stored = key_to_store(tenant, key, namespaced=namespaced)
+    assert (stored is None) == namespaced
+    assert stored_provider_key(tenant, key, stored) == provider_key(
+        tenant, key, namespaced=namespaced
+    )
+
+
+def test_a_stored_provider_key_wins_over_the_namespaced_form() -> None:
+    # A call from before the upgrade keeps the bare key it was first sent with.
+    assert stored_provider_key("acme", "k-legacy", "k-legacy") == "k-legacy"
+    assert stored_provider_key("acme", "k-1", None) == "acme:k-1"

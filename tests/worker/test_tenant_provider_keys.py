@@ -91,7 +91,8 @@ async def test_three_tenants_refunding_one_order_get_their_own_effects_and_resul
     rows = {t: await call_row(sessions, "tc-shared", tenant=t) for t in amounts}
     for tenant, row in rows.items():
         assert row["idempotency_key"] == key
-        assert row["provider_key"] == provider_key(tenant, key)
+        # Not stored twice: NULL is the namespaced form, which the provider received.
+        assert row["provider_key"] is None
         assert row["result"] == {"echo": {"orderId": "o-1", "amount": amounts[tenant]}}
     assert len({row["external_request_id"] for row in rows.values()}) == len(amounts)
 
