@@ -66,9 +66,9 @@ def provider_key(tenant: str, idempotency_key: str, *, namespaced: bool = True) 
     ``namespaced`` False (a capability whose provider account is the tenant's own:
     ``providerKeys = "as_written"``) sends the key as the tenant wrote it.
 
-    Computed once, at intake (or when an operator's retry takes a new key), and stored
-    on the call: every send, lookup and compensation of the call uses the stored one,
-    so a call keeps the key it was first sent with whatever this function becomes.
+    Computed once, at intake (or when an operator's retry takes a new key), and kept on
+    the call (:func:`key_to_store`, :func:`stored_provider_key`): every send, lookup
+    and compensation of the call uses the kept one.
     """
     if not namespaced:
         return idempotency_key
@@ -88,4 +88,4 @@ def key_to_store(tenant: str, idempotency_key: str, *, namespaced: bool) -> str 
     """What ``tool_calls.provider_key`` holds for a call keyed ``idempotency_key``:
     NULL for the namespaced form (:func:`stored_provider_key` gives it back), else the
     key as written."""
-    return None if namespaced else provider_key(tenant, idempotency_key, namespaced=False)
+    return None if namespaced else idempotency_key

@@ -13,7 +13,7 @@ Three columns repeat what a few bytes can say:
   on every event. They become enum types, 4 bytes each, read and written as the same
   text: every reader and every published message sees what it saw. A new event type or
   producer needs its label added here first (``ALTER TYPE ... ADD VALUE``, in a later
-  migration); ``tests/ledger/test_event_labels.py`` fails until it is.
+  migration); ``tests/ledger/test_narrow_rows.py`` fails until it is.
   Assignment casts from text let a statement that types these columns as text (the
   release before this one, still running while this migrates) keep writing them.
 - ``tool_calls.request_fingerprint``: a SHA-256 as 64 hex digits becomes its 32 bytes.
@@ -54,10 +54,7 @@ _PRODUCERS = (
     "tool-dispatcher.recovery", "tool-dispatcher.redrive", "tool-dispatcher.reconciler",
     "tool-dispatcher.operator",
 )  # fmt: skip
-_LABELS = {
-    "event_type": ("execution_event_type", _EVENT_TYPES),
-    "producer": ("execution_event_producer", _PRODUCERS),
-}
+_LABELS = (("execution_event_type", _EVENT_TYPES), ("execution_event_producer", _PRODUCERS))
 _HEX = "request_fingerprint ~ '^[0-9a-f]{64}$'"
 # migration 0009's rule (dispatcher.tenancy.provider_key), frozen here for downgrade:
 # the tenant percent-encoded but for printable ASCII other than "/", "%" and ":".
@@ -74,7 +71,7 @@ $$"""
 
 
 def upgrade() -> None:
-    for kind, labels in _LABELS.values():
+    for kind, labels in _LABELS:
         listed = ", ".join(f"'{label}'" for label in labels)
         op.execute(f"CREATE TYPE {kind} AS ENUM ({listed})")
         op.execute(f"CREATE CAST (text AS {kind}) WITH INOUT AS ASSIGNMENT")
@@ -109,6 +106,6 @@ def downgrade() -> None:
         "ALTER TABLE execution_events ALTER COLUMN event_type TYPE text,"
         " ALTER COLUMN producer TYPE text"
     )
-    for kind, _labels in _LABELS.values():
+    for kind, _labels in _LABELS:
         op.execute(f"DROP CAST (text AS {kind})")
         op.execute(f"DROP TYPE {kind}")
