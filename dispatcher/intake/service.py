@@ -27,7 +27,7 @@ from dispatcher.errors import (
     ToolCallIdConflict,
     ValidationFailed,
 )
-from dispatcher.ids import random_uuid
+from dispatcher.ids import time_ordered_uuid
 from dispatcher.intake.approvals import asked_approval, recorded_approvals
 from dispatcher.intake.keys import default_key, fingerprint, fingerprint_column, same_request
 from dispatcher.intake.plan import Prepared, plan_created
@@ -212,7 +212,7 @@ def prepare(
         raise ValidationFailed(
             f"capability {capability.id!r} is disabled", capabilityId=capability.id
         )
-    tool_call_id = request.tool_call_id or random_uuid()
+    tool_call_id = request.tool_call_id or time_ordered_uuid()
     # A toolCallId is unique only within its tenant: the default key names the tenant
     # too, so that a replay finds the call whatever the provider key becomes.
     key = request.idempotency_key or default_key(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 import uuid
 
 import pytest
@@ -20,6 +21,20 @@ def test_a_random_uuid_is_a_canonical_version_4_uuid() -> None:
         assert UUID_TEXT.match(text), text
         parsed = uuid.UUID(text)
         assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, text)
+
+
+def test_a_time_ordered_uuid_is_version_7_and_grows_with_time() -> None:
+    before = time.time_ns() // 1_000_000
+    drawn = [ids.time_ordered_uuid() for _ in range(2000)]
+    after = time.time_ns() // 1_000_000
+    for text in drawn:
+        parsed = uuid.UUID(text)
+        assert (parsed.version, parsed.variant, str(parsed)) == (7, uuid.RFC_4122, text)
+        assert before <= parsed.int >> 80 <= after
+    # Ordered by the millisecond, random within one: the B-tree's end, never a guess.
+    stamps = [uuid.UUID(t).int >> 80 for t in drawn]
+    assert stamps == sorted(stamps)
+    assert len({uuid.UUID(t).int & ((1 << 80) - 1) for t in drawn}) == len(drawn)
 
 
 def test_ids_do_not_repeat_across_blocks() -> None:
