@@ -29,6 +29,7 @@ FOLDERS = (
     "unit",
     "ledger",
     "intake",
+    "bus",
     "worker",
     "control",
     "reconciler",

@@ -7,10 +7,12 @@ problem+json.
     DispatcherError                    500 internal_error (the root; never raised itself)
     ├── InvalidRequest                 400 the request itself is wrong; resending it fails again
     │   ├── ValidationFailed               validation_failed
+    │   ├── UnreadableRecord               unreadable_record (a bus record that is no request)
     │   └── PayloadTooLarge            413 payload_too_large
     ├── Unauthenticated                401 unauthenticated
     ├── Forbidden                      403 forbidden (the key lacks the scope)
     │   ├── CsrfRejected                   csrf_rejected (a console form's token or origin)
+    │   ├── TenantMismatch                 tenant_mismatch (a bus record names another tenant)
     │   └── SelfApprovalForbidden          self_approval_forbidden
     ├── NotFound                       404 (another tenant's things are not found either)
     │   ├── CapabilityNotFound             capability_not_found
@@ -71,6 +73,14 @@ class ValidationFailed(InvalidRequest):
     code, title = "validation_failed", "The request is not valid"
 
 
+class UnreadableRecord(InvalidRequest):
+    """A request record on the bus that is not a CloudEvent carrying a JSON submission:
+    no or malformed ``ce_`` headers, a value that is not a JSON object. It goes to the
+    dead-letter topic as it came."""
+
+    code, title = "unreadable_record", "The record is not a readable request"
+
+
 class PayloadTooLarge(InvalidRequest):
     code, status, title = "payload_too_large", 413, "Request body too large"
 
@@ -92,6 +102,12 @@ class CsrfRejected(Forbidden):
     a cross-site request, refused before it touches anything."""
 
     code, title = "csrf_rejected", "Form token missing or invalid"
+
+
+class TenantMismatch(Forbidden):
+    """A request record names a tenant other than its topic's: the topic decides."""
+
+    code, title = "tenant_mismatch", "The record names another tenant"
 
 
 class SelfApprovalForbidden(Forbidden):
@@ -314,3 +330,23 @@ class IllegalTransition(InternalError):
         super().__init__(
             f"{subject} in {current!r} cannot move to {target!r}", current=current, target=target
         )
+
+
+def problem(exc: DispatcherError) -> dict[str, Any]:
+    """The problem+json body of ``exc`` (RFC 9457), wherever it is answered: the HTTP
+    API's responses and bus intake's replies. An :class:`InternalError`'s detail names
+    the program's own states; its answer says only that the service failed."""
+    if isinstance(exc, InternalError):
+        return problem_body(500, "internal_error", "Internal error", "an unexpected error occurred")
+    return problem_body(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
+
+
+def problem_body(status: int, code: str, title: str, detail: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "type": f"urn:tool-dispatcher:problem:{code}",
+        "title": title,
+        "status": status,
+        "code": code,
+        "detail": detail,
+        **extra,
+    }

@@ -75,3 +75,38 @@ ESCALATIONS_OPENED = Counter(
     "Escalations opened (a call handed to a human), by capability",
     ["capability"],
 )
+
+# Bus intake (dispatcher.bus). Labelled by request topic: topics are configured, one per
+# tenant, so the series are as many as the routes.
+BUS_RECORDS = Counter(
+    "tool_dispatcher_bus_records_total",
+    "Request records recorded by bus intake: accepted (a call, new or replayed) or"
+    " refused (by problem code)",
+    ["topic", "outcome", "code"],
+)
+BUS_DEAD_LETTERS = Counter(
+    "tool_dispatcher_bus_dead_letters_total",
+    "Unreadable request records copied to their dead-letter topic, by problem code",
+    ["topic", "code"],
+)
+BUS_BATCH_RECORDS = Histogram(
+    "tool_dispatcher_bus_batch_records",
+    "Records in one recorded batch (one transaction)",
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000),
+)
+BUS_PRODUCE_TO_COMMIT_SECONDS = Histogram(
+    "tool_dispatcher_bus_produce_to_commit_seconds",
+    "From a request record's timestamp (its producer's clock, or the broker's) to the"
+    " database commit that recorded it",
+    buckets=_LATENCY_BUCKETS,
+)
+BUS_LAG = Gauge(
+    "tool_dispatcher_bus_consumer_lag",
+    "Request records behind the partition's high watermark, as of the last fetch",
+    ["topic", "partition"],
+)
+BUS_PAUSED = Gauge(
+    "tool_dispatcher_bus_paused_partitions",
+    "Request partitions paused by bus intake, by reason (database, rate_limited)",
+    ["reason"],
+)

@@ -27,7 +27,13 @@ log = logging.getLogger(__name__)
 # Each process kind's own port when ``ops_port`` is unset: distinct, so the processes
 # of a deployment can run side by side on one host (the API has 8780, the sandbox
 # provider itself 8790).
-DEFAULT_PORTS = {"worker": 8781, "relay": 8782, "reconciler": 8783, "approvals": 8784}
+DEFAULT_PORTS = {
+    "worker": 8781,
+    "relay": 8782,
+    "reconciler": 8783,
+    "approvals": 8784,
+    "bus-intake": 8786,
+}
 SANDBOX_PORT = 8785
 # A check slower than this counts as failed: a probe must answer within its own timeout.
 CHECK_TIMEOUT_SECONDS = 2.0

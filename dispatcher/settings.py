@@ -109,6 +109,52 @@ class RelaySettings(BaseModel):
     linger_ms: int | None = None
 
 
+_TOPIC_NAME = r"^[A-Za-z0-9._-]{1,249}$"
+
+
+@dataclass(frozen=True, slots=True)
+class BusRoute:
+    """A request topic of bus intake, bound to one tenant, with the topics of its
+    replies and of its dead letters (named after it: ``.requests.`` -> ``.replies.``
+    and ``.dead-letters.``, or the name with that suffix)."""
+
+    topic: str
+    tenant: str
+
+    def _sibling(self, kind: str) -> str:
+        if ".requests." in self.topic:
+            return self.topic.replace(".requests.", f".{kind}.", 1)
+        return f"{self.topic}.{kind}"
+
+    @property
+    def replies(self) -> str:
+        return self._sibling("replies")
+
+    @property
+    def dead_letters(self) -> str:
+        return self._sibling("dead-letters")
+
+
+class BusSettings(BaseModel):
+    """``TOOL_DISPATCHER_BUS__<FIELD>``: bus intake (``tool-dispatcher bus-intake``).
+    ``topics`` maps each request topic to the one tenant its records are recorded for
+    (the tenant never comes from a record)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    topics: dict[
+        Annotated[str, Field(pattern=_TOPIC_NAME)],
+        Annotated[str, Field(min_length=1, max_length=128)],
+    ] = Field(default_factory=dict)
+    group_id: str = "tool-dispatcher-bus-intake"
+    batch_max: int = Field(default=500, ge=1, le=10_000)
+    # A record's value over this many bytes is refused (payload_too_large) and dead-lettered.
+    max_record_bytes: int = Field(default=256 * 1024, ge=1024)
+
+    def routes(self) -> dict[str, BusRoute]:
+        return {topic: BusRoute(topic, tenant) for topic, tenant in self.topics.items()}
+
+
 class Settings(BaseSettings):
     """Everything configurable; ``TOOL_DISPATCHER_<FIELD>`` in the environment, and
     ``TOOL_DISPATCHER_<SECTION>__<FIELD>`` for a section's field."""
@@ -263,6 +309,7 @@ class Settings(BaseSettings):
     traces_db: bool = False
 
     relay: RelaySettings = Field(default_factory=RelaySettings)
+    bus: BusSettings = Field(default_factory=BusSettings)
 
     dispatch_topic: str = DEFAULT_TOPICS.dispatch
     events_topic: str = DEFAULT_TOPICS.events

@@ -36,6 +36,7 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 TRACED = {
     "serve": "api",
     "worker": "worker",
+    "bus-intake": "bus-intake",
     "relay": "relay",
     "reconcile": "reconciler",
     "approvals": "approvals",
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("serve", help="serve the HTTP API (needs a configured database)")
     sub.add_parser("worker", help="consume dispatch commands and call providers")
+    sub.add_parser("bus-intake", help="record tool calls submitted on the request topics")
     sub.add_parser("relay", help="publish outbox rows to Kafka")
     outbox.add_parser(sub)
     r = sub.add_parser("recover", help="apply the crash-recovery rule to expired claims")
@@ -120,6 +122,12 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         fail("TOOL_DISPATCHER_KAFKA_BOOTSTRAP is not set (or run `make up` for a local stack)")
     if args.command == "worker":
         return runtime.run(until_signal(lambda stop: _worker(settings, registry, stop)), settings)
+    if args.command == "bus-intake":
+        if not settings.bus.topics:
+            fail(
+                "no request topics: set TOOL_DISPATCHER_BUS__TOPICS (a JSON object, topic: tenant)"
+            )
+        return runtime.run(until_signal(lambda stop: _bus(settings, registry, stop)), settings)
     raise AssertionError(args.command)
 
 
@@ -130,6 +138,15 @@ async def _worker(settings: Settings, registry: CapabilityRegistry, stop: asynci
 
     async with process_ops(settings, "worker", broker=True) as ops:
         await run_worker(settings, registry, stop, ops=ops)
+
+
+async def _bus(settings: Settings, registry: CapabilityRegistry, stop: asyncio.Event) -> None:
+    """Bus intake inside its ops endpoints: ready once it joined its group and while the
+    database answers (it pauses its partitions when it does not)."""
+    from dispatcher.bus.consumer import run_bus_intake
+
+    async with process_ops(settings, "bus-intake", broker=True) as ops:
+        await run_bus_intake(settings, registry, stop, ops=ops)
 
 
 def _relay(settings: Settings) -> int:

@@ -22,6 +22,7 @@ from dispatcher.errors import (
     LimitExceeded,
     ServiceUnavailable,
     ValidationFailed,
+    problem_body,
 )
 from dispatcher.metrics import INTAKE_SUBMISSIONS
 
@@ -36,14 +37,7 @@ _HTTP_CODES = {
 
 
 def _problem(status: int, code: str, title: str, detail: str, **extra: Any) -> JSONResponse:
-    body = {
-        "type": f"urn:tool-dispatcher:problem:{code}",
-        "title": title,
-        "status": status,
-        "code": code,
-        "detail": detail,
-        **extra,
-    }
+    body = problem_body(status, code, title, detail, **extra)
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON)
 
 

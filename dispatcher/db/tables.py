@@ -26,6 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import BYTEA, JSONB
 
+from dispatcher.db.bus_offsets import bus_offsets_table
 from dispatcher.db.labels import Label
 from dispatcher.db.run_summaries import run_summaries_table
 from dispatcher.states import (
@@ -326,9 +327,9 @@ runs = Table(
     Column("reason", Text),
 )
 
-# Each run's calls counted by status, kept by the ledger in the transaction of every move
-# (migration 0013): what a list of runs reads, one row per run.
+# Each run's calls counted by status, kept in the transaction of every move (0013).
 run_summaries = run_summaries_table(metadata)
+bus_offsets = bus_offsets_table(metadata)
 
 # The console's signed-in sessions (dispatcher.console.session_rows): a session is live
 # while its row is, so signing out on one API replica ends it on all of them. Expired

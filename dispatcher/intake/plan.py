@@ -27,6 +27,9 @@ class Prepared:
     # The request's fingerprint (dispatcher.intake.keys.fingerprint), as hex digits.
     fingerprint: str
     trace: Trace = None
+    # Where the request came from, when not the API or the library: the bus record
+    # (``{"bus": {"topic", "partition", "offset"}}``), kept in the call's first event.
+    origin: dict[str, Any] | None = None
 
     @property
     def requires_approval(self) -> bool:
@@ -55,7 +58,11 @@ def plan_created(
             causation_id=prep.request.causation_id,
             # The key is the call's (GET /v1/tool-calls/{id}) and its dispatch command's:
             # kept once per call, not again in every call's first event (bench.growth).
-            payload={"requiresApproval": prep.requires_approval},
+            payload=(
+                {"requiresApproval": prep.requires_approval, "via": prep.origin}
+                if prep.origin
+                else {"requiresApproval": prep.requires_approval}
+            ),
         )
     ]
     if prep.requires_approval:

@@ -122,7 +122,11 @@ async def submit_many(
 
 
 async def record_prepared(
-    session: Transaction, submissions: Sequence[Prepared], *, topics: Topics = DEFAULT_TOPICS
+    session: Transaction,
+    submissions: Sequence[Prepared],
+    *,
+    topics: Topics = DEFAULT_TOPICS,
+    in_order: bool = False,
 ) -> list[Submission | DispatcherError]:
     """Record submissions :func:`prepare` accepted, in the caller's transaction: one
     outcome each, in order, and a refused one disturbs no other.
@@ -130,12 +134,17 @@ async def record_prepared(
     Everything decided from the request, the tenant and the registry was decided
     before (HTTP intake prepares each submission before it joins a group commit, so
     those refusals keep their 4xx while the database is down); what is left here needs
-    the database."""
+    the database.
+
+    ``in_order`` writes the calls in the order given (bus intake: a partition's records
+    in offset order, so the log's order is the partition's) rather than in key order;
+    two concurrent batches may then take their locks in opposite orders, and the
+    deadlock that can follow is the caller's to retry."""
     tx = await CallerTransaction.of(session)
     prepared = dict(enumerate(submissions))
     outcomes: dict[int, Submission | DispatcherError] = {}
     if prepared:
-        fresh, to_replay = _first_claims(prepared)
+        fresh, to_replay = _first_claims(prepared, in_order)
         events: list[dict[str, Any]] = []
         messages: list[dict[str, Any]] = []
         approvals: list[dict[str, Any]] = []
@@ -174,7 +183,9 @@ async def record_prepared(
     return [outcomes[i] for i in range(len(submissions))]
 
 
-def _first_claims(prepared: dict[int, Prepared]) -> tuple[list[int], dict[int, Prepared]]:
+def _first_claims(
+    prepared: dict[int, Prepared], in_order: bool = False
+) -> tuple[list[int], dict[int, Prepared]]:
     """The items to insert, in key order, and those to answer as replays.
 
     Sorted by key so that concurrent batches take their conflict locks in the same
@@ -185,7 +196,7 @@ def _first_claims(prepared: dict[int, Prepared]) -> tuple[list[int], dict[int, P
     fresh: list[int] = []
     to_replay: dict[int, Prepared] = {}
     claimed: set[object] = set()
-    for i in sorted(prepared, key=lambda i: prepared[i].key):
+    for i in prepared if in_order else sorted(prepared, key=lambda i: prepared[i].key):
         prep = prepared[i]
         # Tagged: a key may read like another call's id. Both are per tenant.
         ids = (("key", *prep.key), ("call", prep.tenant, prep.values["tool_call_id"]))

@@ -47,3 +47,8 @@ def test_the_probe_sees_a_server_import() -> None:
     # The library's submit is the server side: the probe must notice it, so the test
     # above is not passing vacuously.
     assert "sqlalchemy" in loaded_by("from dispatcher import submit")
+
+
+def test_the_bus_submitter_loads_aiokafka_but_no_server_package() -> None:
+    # A producer on the bus needs its broker client, and nothing of the server's.
+    assert loaded_by("from dispatcher.client.bus import BusSubmitter") == ["aiokafka"]

@@ -42,6 +42,8 @@ CODES: dict[str, int] = {
     "rate_limited": 429,
     "request_timeout": 408,
     "service_unavailable": 503,
+    "unreadable_record": 400,
+    "tenant_mismatch": 403,
 }
 
 CLASSES = [

@@ -53,6 +53,10 @@ ALLOWED: dict[str, str] = {
         " start from a stored call)"
     ),
     "dispatcher/db/migrations/": "the schema, and the data migrations that go with it",
+    "dispatcher/bus/recorder.py": (
+        "bus intake's replies: one outbox row per request record, in the transaction that"
+        " records its batch (a reply answers a record; the call's facts stay intake's)"
+    ),
 }
 
 _TABLES = "|".join(sorted(FACT_TABLES))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.api.limits import LongPollSlots, TokenBuckets
+from dispatcher.api.limits import LongPollSlots
+from dispatcher.buckets import TokenBuckets
 from dispatcher.errors import RateLimited
 
 

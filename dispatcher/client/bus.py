@@ -1,0 +1,193 @@
+"""Submitting tool calls over the bus: :class:`BusSubmitter` writes a request record (a
+CloudEvent in Kafka's binary binding) on a tenant's request topic, and can wait for its
+reply::
+
+    async with BusSubmitter("kafka:9092", "tool-calls.requests.acme", source="/billing") as bus:
+        event_id = await bus.submit(
+            SubmitRequest(run_id="run-1", capability_id="send-email", input={"to": "a@x.io"})
+        )
+        reply = await bus.reply(event_id, within=30)
+        print(reply.outcome, reply.tool_call_id or reply.problem)
+
+Imported on its own (``dispatcher.client`` does not load it): it needs aiokafka, and
+no server code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from cloudevents.core.bindings.kafka import to_binary
+from cloudevents.core.formats.json import JSONFormat
+from cloudevents.core.v1.event import CloudEvent
+
+from dispatcher.schemas import SubmitRequest
+
+SUBMIT = "tool.call.submit"
+_KEPT_REPLIES = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class BusReply:
+    """A reply record: ``accepted`` (with the call as ``POST /v1/tool-calls`` answers
+    it) or ``refused`` (with the problem+json and its ``code``)."""
+
+    request_id: str
+    outcome: str
+    tool_call_id: str | None
+    status: str | None
+    call: dict[str, Any] | None
+    problem: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> BusReply:
+        return cls(
+            data["requestId"], data["outcome"], data.get("toolCallId"), data.get("status"),
+            data.get("call"), data.get("problem"),
+        )  # fmt: skip
+
+
+def replies_topic(request_topic: str) -> str:
+    """The topic bus intake answers ``request_topic``'s records on (the service's rule:
+    ``.requests.`` becomes ``.replies.``, else ``.replies`` is appended)."""
+    if ".requests." in request_topic:
+        return request_topic.replace(".requests.", ".replies.", 1)
+    return f"{request_topic}.replies"
+
+
+class BusSubmitter:
+    """Writes request records on ``topic``; with ``replies=True`` (the default) it also
+    reads that topic's replies from the moment it starts, for :meth:`reply`."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        *,
+        source: str,
+        replies: bool = True,
+        **kafka: Any,
+    ) -> None:
+        """``kafka``: further aiokafka options for both clients, such as
+        ``security_protocol="SASL_SSL"``, ``ssl_context``, ``sasl_mechanism`` and
+        ``sasl_plain_username`` (a broker with ACLs authenticates its producers)."""
+        self.topic = topic
+        self.source = source
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap_servers, acks="all", **kafka
+        )
+        self._consumer = (
+            AIOKafkaConsumer(
+                bootstrap_servers=bootstrap_servers, enable_auto_commit=False, **kafka
+            )
+            if replies
+            else None
+        )
+        self._seen: OrderedDict[str, BusReply] = OrderedDict()
+        self._waiting: dict[str, asyncio.Future[BusReply]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> BusSubmitter:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        await self._producer.start()
+        if self._consumer is not None:
+            await self._consumer.start()
+            topic = replies_topic(self.topic)
+            partitions = self._consumer.partitions_for_topic(topic) or set()
+            if not partitions:
+                await self._consumer._client.force_metadata_update()
+                partitions = self._consumer.partitions_for_topic(topic) or set()
+            if not partitions:
+                # Assigned nothing, it would wait for every reply in vain.
+                await self.stop()
+                raise LookupError(f"no topic {topic!r}: bus intake creates it when it starts")
+            tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+            self._consumer.assign(tps)
+            await self._consumer.seek_to_end(*tps)
+            for tp in tps:  # fix the positions now: a reply written later is read
+                await self._consumer.position(tp)
+            self._reader = asyncio.create_task(self._read())
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._consumer is not None:
+            await self._consumer.stop()
+        await self._producer.stop()
+
+    async def submit(
+        self,
+        request: SubmitRequest,
+        *,
+        event_id: str | None = None,
+        key: str | None = None,
+        traceparent: str | None = None,
+    ) -> str:
+        """Write ``request`` and wait for the broker's acknowledgement; its event id.
+
+        Sending the same ``event_id`` again (a retry after a timeout) records one call:
+        without a key of its own or its capability's template, the request is keyed by
+        its event. ``key`` orders records (by default the run: a run's calls are
+        recorded in order)."""
+        attributes: dict[str, Any] = {
+            "id": event_id or str(uuid.uuid4()),
+            "source": self.source,
+            "type": SUBMIT,
+            "specversion": "1.0",
+            "datacontenttype": "application/json",
+        }
+        if traceparent:
+            attributes["traceparent"] = traceparent
+        data = request.model_dump(by_alias=True, exclude_none=True, mode="json")
+        message = to_binary(CloudEvent(attributes=attributes, data=data), JSONFormat())
+        await self._producer.send_and_wait(
+            self.topic,
+            message.value,
+            key=(key or request.run_id).encode(),
+            headers=[(k, v) for k, v in message.headers.items()],
+        )
+        return str(attributes["id"])
+
+    async def reply(self, event_id: str, *, within: float) -> BusReply:
+        """The reply to the request ``event_id``; ``TimeoutError`` after ``within`` s."""
+        if self._consumer is None:
+            raise RuntimeError("this submitter reads no replies (replies=False)")
+        if event_id in self._seen:
+            return self._seen[event_id]
+        future = self._waiting.setdefault(event_id, asyncio.get_running_loop().create_future())
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), within)
+        finally:
+            if future.done():
+                self._waiting.pop(event_id, None)
+
+    async def _read(self) -> None:
+        assert self._consumer is not None  # noqa: S101 - started with one
+        async for record in self._consumer:
+            if record.value is None:
+                continue
+            answer = BusReply.of(orjson.loads(record.value))
+            self._seen[answer.request_id] = answer
+            while len(self._seen) > _KEPT_REPLIES:
+                self._seen.popitem(last=False)
+            waiting = self._waiting.get(answer.request_id)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(answer)

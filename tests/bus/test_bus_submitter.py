@@ -1,0 +1,54 @@
+"""The producer's helper against a running bus intake and relay: every request it
+writes is answered on the replies topic, a resent event with the same call."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.client.bus import BusSubmitter
+from dispatcher.schemas import SubmitRequest
+from tests.fixtures.bus import BusWorld, bus_intake, rows, topic_exists
+from tests.fixtures.relay import RunningRelay, relay_config
+from tests.fixtures.waiting import eventually
+
+pytestmark = [pytest.mark.postgres, pytest.mark.kafka]
+
+
+async def test_a_submitter_gets_one_reply_per_request(
+    kafka_bootstrap: str, database_url: str, registry: CapabilityRegistry
+) -> None:
+    world = BusWorld(kafka_bootstrap, database_url, ["acme"])
+    topic = world.topic("acme")
+    replies = f"td-{world.run}.replies.acme"
+    email = SubmitRequest(run_id="run-1", capability_id="send-email", input={"to": "a@x.io"})
+    unknown = SubmitRequest(run_id="run-1", capability_id="no-such-tool", input={})
+    async with (
+        bus_intake(world.settings(), registry),
+        RunningRelay(relay_config(database_url, kafka_bootstrap)),
+    ):
+        await eventually(lambda: topic_exists(kafka_bootstrap, replies), what="replies topic")
+        async with BusSubmitter(kafka_bootstrap, topic, source="/billing") as bus:
+            first = await bus.submit(email, event_id="evt-1")
+            await bus.submit(email, event_id="evt-1")  # a retry of the same event
+            other = await bus.submit(email)
+            refused = await bus.submit(unknown)
+            accepted = await bus.reply(first, within=60)
+            assert (await bus.reply(other, within=60)).outcome == "accepted"
+            no = await bus.reply(refused, within=60)
+    assert accepted.outcome == "accepted" and accepted.call is not None
+    assert accepted.call["toolCallId"] == accepted.tool_call_id
+    other_id = (await bus.reply(other, within=0)).tool_call_id
+    assert other_id != accepted.tool_call_id
+    assert no.outcome == "refused" and no.problem is not None
+    assert no.problem["code"] == "capability_not_found"
+    calls = await rows(database_url, "SELECT tool_call_id FROM tool_calls")
+    assert sorted(c for (c,) in calls) == sorted([accepted.tool_call_id, other_id])
+
+
+async def test_a_submitter_refuses_to_start_without_its_replies_topic(
+    kafka_bootstrap: str,
+) -> None:
+    with pytest.raises(LookupError, match="replies"):
+        async with BusSubmitter(kafka_bootstrap, "td-none.requests.acme", source="/t"):
+            pass
