@@ -4,15 +4,18 @@ tool is a wheel of the dev extras installed beside this interpreter (no download
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml  # type: ignore[import-untyped]  # no stubs installed; read as Any
+from pydantic import BaseModel
 
-from dispatcher.settings import RelaySettings, Settings
+from dispatcher.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -66,8 +69,37 @@ def containers(spec: Manifest) -> list[Manifest]:
 
 def is_setting(name: str) -> bool:
     """Whether ``name`` is a setting Settings reads. Settings ignores any other
-    TOOL_DISPATCHER_* variable, so a misspelt one would pass unnoticed without this."""
+    TOOL_DISPATCHER_* variable, so a misspelt one would pass unnoticed without this.
+    ``<SECTION>__<FIELD>`` is a field of a section (relay, bus)."""
     field, _, nested = name.removeprefix(PREFIX).lower().partition("__")
     if field not in Settings.model_fields:
         return False
-    return not nested or (field == "relay" and nested in RelaySettings.model_fields)
+    if not nested:
+        return True
+    section = Settings.model_fields[field].annotation
+    return (
+        isinstance(section, type)
+        and issubclass(section, BaseModel)
+        and nested in section.model_fields
+    )
+
+
+def settings_of(env: dict[str, str]) -> Settings:
+    """The Settings a process given ``env`` reads (parsed as Settings parses its
+    environment: a section's field as JSON), with nothing of this test's own."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [n for n in os.environ if n.startswith(PREFIX)]:
+            patch.delenv(name)
+        for name, value in env.items():
+            patch.setenv(name, value)
+        return Settings()
+
+
+def settings_config_map(docs: list[Manifest]) -> dict[str, str]:
+    """The data of the settings ConfigMap every process reads (its name hash-suffixed)."""
+    [data] = [
+        d["data"]
+        for d in docs
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("tool-dispatcher-settings")
+    ]
+    return dict(data)

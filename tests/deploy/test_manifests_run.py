@@ -15,11 +15,15 @@ What the test supplies, and nothing more:
   and the provider origin in capabilities.toml becomes the sandbox's (the sandbox serves
   the same contract at /v1/requests, so that path replaces the example's /v1/refunds);
 - ports: TOOL_DISPATCHER_HTTP_PORT (the API) and TOOL_DISPATCHER_OPS_PORT (the others)
-  are free ports, since the pods' fixed ports (8780-8782) may be taken on a shared
+  are free ports, since the pods' fixed ports (8780-8786) may be taken on a shared
   machine; each containerPort maps to its process's port, and the readiness probes are
   asked there;
 - TOOL_DISPATCHER_KAFKA_ENABLE_IDEMPOTENCE=false: the test broker (Tansu) refuses the
-  idempotent producer that the manifests rightly turn on for Strimzi.
+  idempotent producer that the manifests rightly turn on for Strimzi;
+- the calls: a few over HTTP to the API, and one request record on each request topic
+  of the routes bus intake is given (TOOL_DISPATCHER_BUS__TOPICS), as that route's
+  tenant's producer would send it. Each record must be answered, accepted for the
+  route's tenant, on the route's replies topic, and dispatched like the others.
 
 A wrong subcommand or flag makes its process exit non-zero; a missing or misspelt
 setting the process needs makes it fail or never finish the calls; and a misspelt name
@@ -28,21 +32,26 @@ that every TOOL_DISPATCHER_* name given to a process is a setting."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
+import secrets
 import signal
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from devtools.embedded import free_port
 from devtools.sandbox import SandboxServer
-from dispatcher.settings import hash_api_key
-from tests.deploy.manifests import PREFIX, Manifest, is_setting, render
+from dispatcher.settings import BusRoute, hash_api_key
+from tests.deploy.manifests import PREFIX, Manifest, is_setting, render, settings_of
 from tests.deploy.pods import (
     Container,
     Processes,
@@ -52,6 +61,7 @@ from tests.deploy.pods import (
     resolve_env,
     write_mounts,
 )
+from tests.fixtures.bus import headers, producing
 from tests.fixtures.sandbox import books
 from tests.fixtures.waiting import eventually
 
@@ -227,6 +237,60 @@ async def submit_and_complete(
     return ids
 
 
+async def reply_to(bootstrap: str, topic: str, request_id: str) -> dict[str, Any] | None:
+    """The reply to ``request_id`` on ``topic``, read from its start (a broker kept
+    between runs holds earlier runs' replies too), or None if none came in 45 s."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        assert tps, f"no topic {topic}"
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(45):
+                while True:
+                    for records in (await consumer.getmany(timeout_ms=200)).values():
+                        for record in records:
+                            reply: dict[str, Any] = json.loads(record.value)
+                            if reply.get("requestId") == request_id:
+                                return reply
+        return None
+    finally:
+        await consumer.stop()
+
+
+async def submit_on_the_bus(
+    bootstrap: str, routes: list[BusRoute], capability_id: str, running: Callable[[], None]
+) -> None:
+    """One request record on each route's request topic, as a tenant's producer sends
+    it: each must be answered on the route's replies topic (the relay publishes them),
+    accepted as a call of the route's tenant, while ``running()`` finds every process
+    still up."""
+    sent = {}
+    async with producing(bootstrap) as producer:
+        for route in routes:
+            run_id = f"deploy-bus-{route.tenant}"
+            record = {
+                "runId": run_id,
+                "capabilityId": capability_id,
+                "correlationId": f"bus-{route.tenant}",
+                "input": {"orderId": f"bus-{route.tenant}"},
+            }
+            sent[route] = f"deploy-{route.tenant}-{secrets.token_hex(4)}"
+            await producer.send_and_wait(
+                route.topic,
+                json.dumps(record).encode(),
+                key=run_id.encode(),
+                headers=headers(sent[route], source="/tests/deploy"),
+            )
+    for route, event_id in sent.items():
+        running()
+        reply = await reply_to(bootstrap, route.replies, event_id)
+        assert reply is not None, f"no reply to {event_id} on {route.replies}"
+        assert (reply["outcome"], reply["tenant"]) == ("accepted", route.tenant), reply
+
+
 async def test_every_workload_of_the_dev_overlay_runs_as_its_manifest_says(
     tmp_path: Path, empty_database_url: str, kafka_bootstrap: str, sandbox: SandboxServer
 ) -> None:
@@ -250,6 +314,23 @@ async def test_every_workload_of_the_dev_overlay_runs_as_its_manifest_says(
         counts = await books(sandbox.url)
         assert len(counts["effects"]) == CALLS
         assert set(counts["effects"].values()) == {1}  # one effect per call
+
+        # Bus intake, ready above, consumes the routes its manifest gives it; the relay
+        # is given the same ones (it makes their topics and publishes the replies).
+        [bus] = [c for c, _ in started if c.args[0] == "bus-intake"]
+        [relay] = [c for c, _ in started if c.args[0] == "relay"]
+        routes = list(settings_of(bus.env).bus.routes().values())
+        assert routes and settings_of(relay.env).bus.routes() == settings_of(bus.env).bus.routes()
+        await submit_on_the_bus(kafka_bootstrap, routes, capability_id, cluster.running)
+
+        async def dispatched() -> bool:
+            cluster.running()
+            effects = (await books(sandbox.url))["effects"]
+            assert set(effects.values()) <= {1}, effects  # one effect per call
+            return len(effects) == CALLS + len(routes)
+
+        # The worker dispatches the calls recorded from the bus as any other.
+        await eventually(dispatched, within=45, what="the bus's calls to be dispatched")
         cluster.run_pods(cron_jobs)
         cluster.running()
     finally:

@@ -28,6 +28,8 @@ from tests.deploy.manifests import (
     is_setting,
     pod_specs,
     render,
+    settings_config_map,
+    settings_of,
 )
 from tool_dispatcher.main import build_parser
 
@@ -36,6 +38,7 @@ from tool_dispatcher.main import build_parser
 PROBE_PORTS = {
     "serve": Settings().http_port,
     "worker": DEFAULT_PORTS["worker"],
+    "bus-intake": DEFAULT_PORTS["bus-intake"],
     "relay": DEFAULT_PORTS["relay"],
     "reconcile": DEFAULT_PORTS["reconciler"],
     "approvals": DEFAULT_PORTS["approvals"],
@@ -64,8 +67,12 @@ def test_every_setting_name_is_a_field_of_settings(overlay: str) -> None:
 
 def test_a_misspelt_name_is_no_setting() -> None:
     assert is_setting("TOOL_DISPATCHER_RELAY__BATCH_SIZE")
+    assert is_setting("TOOL_DISPATCHER_BUS__TOPICS")
     assert not is_setting("TOOL_DISPATCHER_DATABASE_URI")
     assert not is_setting("TOOL_DISPATCHER_RELAY__BATCH")
+    assert not is_setting("TOOL_DISPATCHER_BUS__TOPIC")
+    # A plain field has no fields of its own.
+    assert not is_setting("TOOL_DISPATCHER_DATABASE_URL__X")
 
 
 def parse(args: list[str]) -> argparse.Namespace | str:
@@ -113,16 +120,21 @@ def test_every_probe_is_on_the_port_its_process_serves(overlay: str) -> None:
                 port = ports.get(get["port"], get["port"])
                 assert port == PROBE_PORTS[container["args"][0]], where
                 probed.add(container["args"][0])
-    assert {"serve", "worker", "relay"} <= probed
+    assert {"serve", "worker", "bus-intake", "relay"} <= probed
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_kafka_topics_are_the_services(overlay: str) -> None:
     docs = render(overlay)
     topics = {d["spec"]["topicName"]: d["spec"] for d in docs if d["kind"] == "KafkaTopic"}
-    [settings] = [d["data"] for d in docs if d["metadata"]["name"].startswith("tool-dispatcher-s")]
+    settings = settings_config_map(docs)
+    routes = settings_of(settings).bus.routes().values()
 
+    # The service's three, and each bus route's request, replies and dead-letters
+    # topics (the relay would otherwise create them, at replication 1).
     expected = {DEFAULT_TOPICS.dispatch, DEFAULT_TOPICS.events, DEFAULT_TOPICS.escalations}
+    expected |= {t for r in routes for t in (r.topic, r.replies, r.dead_letters)}
+    assert routes
     assert set(topics) == expected
     assert settings["TOOL_DISPATCHER_DISPATCH_TOPIC"] == DEFAULT_TOPICS.dispatch
     dispatch_partitions = topics[DEFAULT_TOPICS.dispatch]["partitions"]
@@ -201,3 +213,10 @@ def test_network_policies_open_only_what_each_process_uses(overlay: str) -> None
     for component in ("worker", "reconciler"):
         # DNS, the database, the broker, the providers' HTTPS: nothing else.
         assert policy_ports(policies[component]["egress"]) == {53, 5432, 9092, 443}
+    for component in ("relay", "bus-intake"):
+        # They call no provider: DNS, the database and the broker only.
+        assert policy_ports(policies[component]["egress"]) == {53, 5432, 9092}
+    # Bus intake's ops port, from where the worker's is reachable (Prometheus) only.
+    [bus], [worker] = policies["bus-intake"]["ingress"], policies["worker"]["ingress"]
+    assert bus["from"] == worker["from"]
+    assert policy_ports([bus]) == {DEFAULT_PORTS["bus-intake"]}

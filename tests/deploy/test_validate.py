@@ -22,6 +22,7 @@ CUSTOM_KINDS = {
     "Kafka": "Strimzi (kafka.strimzi.io/v1beta2)",
     "KafkaNodePool": "Strimzi (kafka.strimzi.io/v1beta2)",
     "KafkaTopic": "Strimzi (kafka.strimzi.io/v1beta2)",
+    "KafkaUser": "Strimzi (kafka.strimzi.io/v1beta2)",
     "Cluster": "CloudNativePG (postgresql.cnpg.io/v1)",
     "ScheduledBackup": "CloudNativePG (postgresql.cnpg.io/v1)",
     "ServiceMonitor": "prometheus-operator (monitoring.coreos.com/v1)",

@@ -60,6 +60,6 @@ def test_the_help_lists_production_commands_only() -> None:
     ).stdout
     commands = found.split("{", 1)[1].split("}", 1)[0].split(",")
     assert set(commands) == {
-        "migrate", "serve", "worker", "relay", "outbox", "recover", "api-key",
-        "reconcile", "escalations", "approvals", "retention", "archive", "runs",
+        "migrate", "serve", "worker", "bus-intake", "relay", "outbox", "recover",
+        "api-key", "reconcile", "escalations", "approvals", "retention", "archive", "runs",
     }  # fmt: skip
