@@ -36,7 +36,9 @@ _OUTCOME = (
 )
 
 PAYLOADS: dict[str, str] = {
-    "requested": "jsonb_build_object('requiresApproval', c.needs_approval)",
+    "requested": (
+        "jsonb_build_object('requiresApproval', c.needs_approval, 'via', '{\"http\": {}}'::jsonb)"
+    ),
     "authorized": '\'{"reason": "no approval required"}\'::jsonb',
     "approval_required": (
         "jsonb_build_object('approvalId', c.approval_id, 'risk', 'high',"

@@ -129,7 +129,7 @@ INSERT INTO tool_calls ({_CALL_COLUMNS}) VALUES ({tc}, '{TENANT}', {run}, NULL, 
 INSERT INTO execution_events ({_EVENT_COLUMNS}) VALUES
   ({req}, 'tool.call.requested', '{TENANT}', {run}, NULL, '{PRODUCER}', NULL,
    '{CAPABILITY}', NULL, NULL, {tc}, 1, now(),
-   jsonb_build_object('requiresApproval', false)),
+   jsonb_build_object('requiresApproval', false, 'via', '{{"library": {{}}}}'::jsonb)),
   ({auth}, 'tool.call.authorized', '{TENANT}', {run}, NULL, '{PRODUCER}', NULL,
    '{CAPABILITY}', NULL, {req}, {tc}, 1, now(), '{{"reason": "no approval required"}}'::jsonb);
 INSERT INTO outbox (topic, key, payload, headers) VALUES
@@ -171,7 +171,7 @@ def raw_rows(run: str) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[Non
             events_sql,
             (
                 *(req, TENANT, run, PRODUCER, CAPABILITY, tc, now),
-                Jsonb({"requiresApproval": False}),
+                Jsonb({"requiresApproval": False, "via": {"library": {}}}),
                 *(auth, TENANT, run, PRODUCER, CAPABILITY, req, tc, now),
                 Jsonb({"reason": "no approval required"}),
             ),

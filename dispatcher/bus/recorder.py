@@ -11,7 +11,6 @@ is recorded as surely as a call.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -144,8 +143,9 @@ class Recorder:
             key = derived_key(r.source, r.event_id)
             submission = submission.model_copy(update={"idempotency_key": key})
         trace = (r.traceparent, r.tracestate) if r.traceparent else None
-        prep = prepare(submission, r.route.tenant, self._registry, None, trace)
-        return dataclasses.replace(prep, origin={"bus": r.at.origin()})
+        return prepare(
+            submission, r.route.tenant, self._registry, None, trace, {"bus": r.at.origin()}
+        )
 
 
 async def _take_offsets(

@@ -81,13 +81,9 @@ class BusSubmitter:
         ``sasl_plain_username`` (a broker with ACLs authenticates its producers)."""
         self.topic = topic
         self.source = source
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap_servers, acks="all", **kafka
-        )
+        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all", **kafka)
         self._consumer = (
-            AIOKafkaConsumer(
-                bootstrap_servers=bootstrap_servers, enable_auto_commit=False, **kafka
-            )
+            AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False, **kafka)
             if replies
             else None
         )

@@ -46,6 +46,9 @@ async def call(request: Request, tool_call_id: str, viewer: Signed) -> Response:
         approval=approval,
         events=events,
         path_of_statuses=status_path(events),
+        via=next(
+            (e.payload.get("via") for e in events if e.event_type == "tool.call.requested"), None
+        ),
         escalations=episodes,
         retriable=ExecutionStatus(row["status"]) in RETRIABLE,
     )

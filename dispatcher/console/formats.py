@@ -48,10 +48,21 @@ def link(*parts: str) -> str:
     return "/console/" + "/".join(quote(p, safe="") for p in parts)
 
 
+def origin(via: dict[str, Any] | None) -> str:
+    """Where a call came from, as its first event's ``via`` names it."""
+    if not via:
+        return "not recorded (before origins were kept)"
+    if "bus" in via:
+        bus = via["bus"]
+        return f"bus: {bus['topic']} partition {bus['partition']} offset {bus['offset']}"
+    return "HTTP API" if "http" in via else "library call (in the caller's transaction)"
+
+
 FILTERS: dict[str, Callable[..., str]] = {
     "utc": utc,
     "iso": iso,
     "age": age,
     "pretty": pretty,
     "span": span,
+    "origin": origin,
 }

@@ -28,7 +28,7 @@ from dispatcher.errors import (
     ServiceUnavailable,
     ValidationFailed,
 )
-from dispatcher.intake.plan import Prepared
+from dispatcher.intake.plan import VIA_HTTP, Prepared
 from dispatcher.intake.service import prepare, record_prepared
 from dispatcher.schemas import Submission, SubmitRequest
 from dispatcher.settings import Topics
@@ -89,7 +89,7 @@ class IntakeBatcher:
     ) -> Submission:
         """Queue one submission (``trace``: the context it is stored with); answers
         once the batch holding it committed. Raises at once what needs no database."""
-        prepared = prepare(request, tenant, self._registry, submitted_by, trace)
+        prepared = prepare(request, tenant, self._registry, submitted_by, trace, VIA_HTTP)
         future: asyncio.Future[Submission] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Pending(prepared, future))
         # Shielded: a client that hangs up must not cancel a commit in progress; its

@@ -16,6 +16,9 @@ from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import Topics
 from dispatcher.tracing import Trace, trace_headers
 
+VIA_HTTP: dict[str, Any] = {"http": {}}
+VIA_LIBRARY: dict[str, Any] = {"library": {}}
+
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
@@ -27,8 +30,9 @@ class Prepared:
     # The request's fingerprint (dispatcher.intake.keys.fingerprint), as hex digits.
     fingerprint: str
     trace: Trace = None
-    # Where the request came from, when not the API or the library: the bus record
-    # (``{"bus": {"topic", "partition", "offset"}}``), kept in the call's first event.
+    # Where the request came from, kept in the call's first event as ``via``: the API
+    # (:data:`VIA_HTTP`), the library (:data:`VIA_LIBRARY`) or the bus record
+    # (``{"bus": {"topic", "partition", "offset"}}``).
     origin: dict[str, Any] | None = None
 
     @property

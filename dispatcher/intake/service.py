@@ -30,7 +30,7 @@ from dispatcher.errors import (
 from dispatcher.ids import time_ordered_uuid
 from dispatcher.intake.approvals import asked_approval, recorded_approvals
 from dispatcher.intake.keys import default_key, fingerprint, fingerprint_column, same_request
-from dispatcher.intake.plan import Prepared, plan_created
+from dispatcher.intake.plan import VIA_LIBRARY, Prepared, plan_created
 from dispatcher.intake.statement import (
     STOPPED_RUNS,
     STORED_BY_BARE_ID,
@@ -214,6 +214,7 @@ def prepare(
     registry: CapabilityRegistry,
     submitted_by: str | None,
     trace: Trace = None,
+    origin: dict[str, Any] | None = VIA_LIBRARY,
 ) -> Prepared:
     """What ``request`` would write, or the :class:`DispatcherError` that refuses it
     without the database: an unknown or disabled capability, a derived key outside
@@ -242,6 +243,7 @@ def prepare(
         capability=capability,
         submitted_by=submitted_by,
         trace=trace,
+        origin=origin,
         values={
             "tool_call_id": tool_call_id,
             "tenant": tenant,

@@ -8,10 +8,17 @@ import re
 from collections.abc import AsyncIterator
 
 import httpx
+import orjson
 import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from dispatcher.settings import Settings
-from tests.fixtures.api import BOB, GLOBEX, OPERATOR, READER, control_keys
+from dispatcher import SubmitRequest, submit
+from dispatcher.bus.recorder import Recorder
+from dispatcher.bus.records import At, read
+from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.schemas import Submission
+from dispatcher.settings import BusRoute, Settings
+from tests.fixtures.api import ALICE, BOB, GLOBEX, OPERATOR, READER, bearer, control_keys
 
 
 @pytest.fixture
@@ -111,3 +118,40 @@ async def test_a_read_key_sees_no_action_and_tenant_b_sees_nothing_of_a(
     assert missing.status_code == 404
     assert 'data-code="escalation_not_found"' in missing.text
     await other.aclose()
+
+
+async def test_a_call_page_names_where_the_call_came_from(
+    api: httpx.AsyncClient,
+    operator: httpx.AsyncClient,
+    engine: AsyncEngine,
+    registry: CapabilityRegistry,
+    settings: Settings,
+) -> None:
+    request = {"runId": "run-o", "capabilityId": "send-email", "input": {"to": "a@x.io"}}
+    posted = await api.post("/v1/tool-calls", json=request, headers=bearer(ALICE))
+    assert posted.status_code == 201, posted.text
+    async with AsyncSession(engine) as session, session.begin():
+        library = await submit(
+            session, SubmitRequest.model_validate(request), tenant="acme", registry=registry
+        )
+    route = BusRoute("t.requests.acme", "acme")
+    headers = [("ce_specversion", b"1.0"), ("ce_id", b"e-1"), ("ce_source", b"/t"),
+               ("ce_type", b"tool.call.submit")]  # fmt: skip
+    record = read(route, At(route.topic, 3, 41), None, orjson.dumps(request), headers, 65536)
+    [outcome] = await Recorder(engine, registry, settings.topics()).record([record])
+    assert isinstance(outcome.result, Submission)
+    shown = {}
+    for name, call in [
+        ("http", posted.json()["toolCallId"]),
+        ("library", library.view.tool_call_id),
+        ("bus", outcome.result.view.tool_call_id),
+    ]:
+        page = await operator.get(f"/console/calls/{call}")
+        found = re.search(r'data-testid="origin">([^<]*)<', page.text)
+        assert found is not None, page.text
+        shown[name] = found.group(1)
+    assert shown == {
+        "http": "HTTP API",
+        "library": "library call (in the caller&#39;s transaction)",
+        "bus": "bus: t.requests.acme partition 3 offset 41",
+    }

@@ -133,7 +133,7 @@ async def test_domain_write_and_submission_commit_together(
     )
     assert requested["event_type"] == "tool.call.requested"
     # The key is the call's (above) and its command's, not repeated in its first event.
-    assert requested["payload"] == {"requiresApproval": False}
+    assert requested["payload"] == {"requiresApproval": False, "via": {"library": {}}}
     assert call["idempotency_key"] == "refund:o-1:corr-1"
     assert authorized["event_type"] == "tool.call.authorized"
     assert authorized["causation_id"] == requested["event_id"]
