@@ -167,3 +167,39 @@ async def test_a_record_is_keyed_by_its_key_its_template_or_its_event(
         await wait_recorded(database_url, sent)
     found = await rows(database_url, "SELECT idempotency_key FROM tool_calls")
     assert {k for (k,) in found} == {"given-1", "refund:o-7", derived_key("/billing", "k-event")}
+
+
+async def test_a_tenant_over_its_rate_waits_and_loses_nothing(
+    kafka_bootstrap: str, database_url: str, registry: CapabilityRegistry
+) -> None:
+    world = BusWorld(kafka_bootstrap, database_url, ["acme", "globex"])
+    settings = world.settings(submit_rate_per_second=10, submit_burst=5)
+    async with bus_intake(settings, registry), producing(kafka_bootstrap) as producer:
+        sent = [
+            await producer.send_and_wait(
+                world.topic("acme"), body("run-a"), key=b"run-a", headers=headers(f"a-{i}")
+            )
+            for i in range(25)
+        ]
+        sent += [
+            await producer.send_and_wait(
+                world.topic("globex"), body("run-g"), key=b"run-g", headers=headers(f"g-{i}")
+            )
+            for i in range(5)
+        ]
+        await wait_recorded(database_url, sent)
+    answered = await replies(database_url, f"td-{world.run}.replies.acme")
+    assert len(answered) == 25
+    assert {r["outcome"] for r in answered.values()} == {"accepted"}  # late, not refused
+    found = await rows(
+        database_url,
+        "SELECT tenant, extract(epoch FROM created_at - min(created_at) OVER ())"
+        " FROM tool_calls ORDER BY created_at",
+    )
+    acme = [float(at) for tenant, at in found if tenant == "acme"]
+    globex = [float(at) for tenant, at in found if tenant == "globex"]
+    assert len(acme) == 25 and len(globex) == 5
+    # The bucket's bound (5 at once, then 10 a second) holds; the other tenant's
+    # records did not wait for acme's to be admitted.
+    assert sum(1 for at in acme if at < 1.0) <= 5 + 10
+    assert max(globex) < max(acme)
