@@ -206,3 +206,14 @@ async def start_python(args: Sequence[str], env: dict[str, str]) -> asyncio.subp
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )
+
+
+async def stop_process(proc: asyncio.subprocess.Process, within: float = 15) -> None:
+    """SIGTERM ``proc`` (if it still runs) and wait; SIGKILL after ``within`` s."""
+    if proc.returncode is None:
+        proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), within)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]
 
-from bench.harness import Call, Cell, drive, postgres_meter
+from bench.harness import Call, Cell, drive, postgres_meter, stop_process
 from bench.intake_rows import CAPABILITY, INPUT, TENANT
 from devtools.embedded import free_port, wait_for_port
 from devtools.registries import SANDBOX_REGISTRY
@@ -105,13 +105,7 @@ async def api_process(
         await asyncio.to_thread(wait_for_port, "127.0.0.1", port, 30.0)
         yield port, proc.pid
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 15)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        await stop_process(proc)
         out.close()
 
 
