@@ -46,8 +46,10 @@ SELECT * FROM unnest(%(topics)s::text[], %(partitions)s::int[], %(offsets)s::big
 ON CONFLICT (topic, partition) DO UPDATE SET next_offset = bus_offsets.next_offset
 RETURNING topic, partition, next_offset
 """
+# Only ever forward: a redelivered batch that ends below the recorded offset (a new
+# group, an uncommitted batch, a zombie) must not move it back over records recorded.
 _MOVE_OFFSETS = """
-UPDATE bus_offsets o SET next_offset = v.next_offset, updated_at = now()
+UPDATE bus_offsets o SET next_offset = GREATEST(o.next_offset, v.next_offset), updated_at = now()
 FROM unnest(%(topics)s::text[], %(partitions)s::int[], %(offsets)s::bigint[])
     AS v(topic, partition, next_offset)
 WHERE o.topic = v.topic AND o.partition = v.partition
