@@ -114,6 +114,8 @@ class Tansu:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        if not isinstance(out, int):
+            out.close()  # the broker keeps its own copy
         wait_for_port(self.host, self.port)
         return self.bootstrap
 

@@ -100,6 +100,12 @@ BUS_PRODUCE_TO_COMMIT_SECONDS = Histogram(
     " database commit that recorded it",
     buckets=_LATENCY_BUCKETS,
 )
+BUS_NEW_LOGS = Counter(
+    "tool_dispatcher_bus_new_logs_total",
+    "Request partitions found to be a new log (the topic was deleted and made again, or"
+    " the broker lost it) and recorded again from their beginning",
+    ["topic"],
+)
 BUS_LAG = Gauge(
     "tool_dispatcher_bus_consumer_lag",
     "Request records behind the partition's high watermark, as of the last fetch",

@@ -26,7 +26,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from dispatcher.buckets import TokenBuckets
-from dispatcher.bus.recorder import Outcome, Recorder
+from dispatcher.bus.continuity import fingerprint
+from dispatcher.bus.recorder import Outcome, Recorded, Recorder
 from dispatcher.bus.records import At, Read, Refused, read
 from dispatcher.bus.spans import Membership, observe, observe_lag, record_spans
 from dispatcher.capabilities import CapabilityRegistry
@@ -113,34 +114,80 @@ class BusIntake:
         self._limit = settings.bus.max_record_bytes
         self._buckets = TokenBuckets(settings.submit_rate_per_second, settings.submit_burst)
         self._throttled: dict[TopicPartition, float] = {}
+        self._expected: dict[TopicPartition, int] = {}
+        """Each partition's next offset, where its fetch goes on from what this process
+        handled (absent: to be judged at its next batch)."""
 
     def assigned(self, partitions: set[TopicPartition]) -> None:
-        # A partition given back to this process after a rebalance starts unthrottled.
+        # A partition given back to this process after a rebalance starts unthrottled,
+        # and from wherever the group had got to: its first batch is judged again.
         for tp in partitions:
             self._throttled.pop(tp, None)
+            self._expected.pop(tp, None)
 
     async def handle(
         self, batches: dict[TopicPartition, list[Record]], stop: asyncio.Event
     ) -> None:
+        # Partitions whose fetch does not continue what this process handled last: their
+        # rows are checked to be of this log (dispatcher.bus.continuity).
+        check = {
+            (tp.topic, tp.partition): self._consumer.highwater(tp)
+            for tp, records in batches.items()
+            if records and self._expected.get(tp) != records[0].offset
+        }
         reads = [
             read(self._routes[tp.topic], _at(r), r.key, r.value, r.headers, self._limit)
             for tp, records in sorted(batches.items())
             for r in records
         ]
-        reads = self._throttle(reads)
-        if not reads:
-            return
-        poison = [r for r in reads if isinstance(r, Refused) and r.dead_letter]
-        if poison:
-            await self._dead_letter(poison, batches)
-        with record_spans(reads) as traced:
-            outcomes = await self._record(traced, stop)
-        if outcomes is None:
-            return  # stopping with the database away: nothing recorded, nothing committed
-        observe(outcomes)
-        await self._commit(outcomes)
+        reads, held = self._throttle(reads)
+        recorded = Recorded()
+        if reads:
+            poison = [r for r in reads if isinstance(r, Refused) and r.dead_letter]
+            if poison:
+                await self._dead_letter(poison, batches)
+            with record_spans(reads) as traced:
+                done = await self._record(traced, stop, check)
+            if done is None:
+                return  # stopping with the database away: nothing recorded, nothing committed
+            recorded = done
+        await self._follow(batches, recorded, held, check)
+        observe(recorded.outcomes)
+        await self._commit(recorded.outcomes)
 
-    def _throttle(self, reads: list[Read]) -> list[Read]:
+    async def _follow(
+        self,
+        batches: dict[TopicPartition, list[Record]],
+        recorded: Recorded,
+        held: dict[TopicPartition, int],
+        check: dict[tuple[str, int], int | None],
+    ) -> None:
+        """Where each fetched partition goes on from: after its last recorded record, at
+        its held record, or sought elsewhere (to be judged again when read)."""
+        last: dict[TopicPartition, int] = {}
+        for o in recorded.outcomes:
+            tp = TopicPartition(o.read.at.topic, o.read.at.partition)
+            last[tp] = max(last.get(tp, -1), o.read.at.offset)
+        for tp in batches:
+            part = (tp.topic, tp.partition)
+            self._expected.pop(tp, None)
+            if part in recorded.seeks:
+                await self._seek(tp, recorded.seeks[part])
+            elif tp in held and (part not in check or tp in last):
+                self._expected[tp] = held[tp]
+            elif tp in last and tp not in held:
+                self._expected[tp] = last[tp] + 1
+
+    async def _seek(self, tp: TopicPartition, offset: int | None) -> None:
+        try:
+            if offset is None:
+                await self._consumer.seek_to_beginning(tp)
+            else:
+                self._consumer.seek(tp, offset)
+        except IllegalStateError:
+            pass  # given away meanwhile: its new owner judges it again
+
+    def _throttle(self, reads: list[Read]) -> tuple[list[Read], dict[TopicPartition, int]]:
         """The reads within their tenants' rates. A partition whose record found no
         token is held from that record on: sought back to it and paused until a token
         is there (a refused read costs no token: it writes no call)."""
@@ -158,7 +205,7 @@ class BusIntake:
                     self._hold(tp, r.at.offset, exc.retry_after or 1)
                     continue
             kept.append(r)
-        return kept
+        return kept, held
 
     def _hold(self, tp: TopicPartition, offset: int, seconds: float) -> None:
         try:
@@ -209,7 +256,9 @@ class BusIntake:
             BUS_DEAD_LETTERS.labels(r.at.topic, r.error.code).inc()
         await asyncio.gather(*sends)
 
-    async def _record(self, reads: list[Read], stop: asyncio.Event) -> list[Outcome] | None:
+    async def _record(
+        self, reads: list[Read], stop: asyncio.Event, check: dict[tuple[str, int], int | None]
+    ) -> Recorded | None:
         """Record ``reads``; while the database is unreachable, every partition waits
         paused and the same batch is tried again (the batch in memory: a rebalance
         meanwhile is safe, the recorded offsets decide who records what)."""
@@ -217,7 +266,7 @@ class BusIntake:
         try:
             while True:
                 try:
-                    return await self._recorder.record(reads)
+                    return await self._recorder.record(reads, check)
                 except Exception as exc:  # every database failure waits; a bug is logged
                     kind = classify(exc)
                     if kind is not DbErrorClass.UNAVAILABLE:
@@ -256,4 +305,10 @@ class BusIntake:
 
 
 def _at(record: Record) -> At:
-    return At(record.topic, record.partition, record.offset, record.timestamp)
+    return At(
+        record.topic,
+        record.partition,
+        record.offset,
+        record.timestamp,
+        fingerprint(record.timestamp, record.key, record.value),
+    )

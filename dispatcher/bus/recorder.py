@@ -12,13 +12,14 @@ is recorded as surely as a call.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from dispatcher.bus import continuity
 from dispatcher.bus.records import ACCEPTED, REFUSED, Read, Refused, Request, derived_key
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.db.engine import driver_transaction
@@ -28,6 +29,7 @@ from dispatcher.intake.plan import Prepared
 from dispatcher.intake.service import prepare, record_prepared
 from dispatcher.intake.statement import jsonb
 from dispatcher.ledger.messages import ce_source, outbox_row
+from dispatcher.metrics import BUS_NEW_LOGS
 from dispatcher.schemas import Submission
 from dispatcher.settings import Topics
 
@@ -44,15 +46,25 @@ _TAKE_OFFSETS = """
 INSERT INTO bus_offsets (topic, partition, next_offset)
 SELECT * FROM unnest(%(topics)s::text[], %(partitions)s::int[], %(offsets)s::bigint[])
 ON CONFLICT (topic, partition) DO UPDATE SET next_offset = bus_offsets.next_offset
-RETURNING topic, partition, next_offset
+RETURNING topic, partition, next_offset, last_record
 """
 # Only ever forward: a redelivered batch that ends below the recorded offset (a new
 # group, an uncommitted batch, a zombie) must not move it back over records recorded.
 _MOVE_OFFSETS = """
-UPDATE bus_offsets o SET next_offset = GREATEST(o.next_offset, v.next_offset), updated_at = now()
-FROM unnest(%(topics)s::text[], %(partitions)s::int[], %(offsets)s::bigint[])
-    AS v(topic, partition, next_offset)
+UPDATE bus_offsets o SET
+    next_offset = GREATEST(o.next_offset, v.next_offset),
+    last_record = CASE WHEN v.next_offset >= o.next_offset
+        THEN v.last_record ELSE o.last_record END,
+    updated_at = now()
+FROM unnest(
+    %(topics)s::text[], %(partitions)s::int[], %(offsets)s::bigint[], %(last)s::bytea[]
+) AS v(topic, partition, next_offset, last_record)
 WHERE o.topic = v.topic AND o.partition = v.partition
+"""
+# A new log (dispatcher.bus.continuity): every record of it is still to be recorded.
+_RESTART = """
+UPDATE bus_offsets SET next_offset = 0, last_record = NULL, updated_at = now()
+WHERE topic = %(topic)s AND partition = %(partition)s
 """
 _REPLIES = """
 INSERT INTO outbox (topic, key, payload, headers)
@@ -70,19 +82,39 @@ class Outcome:
     result: Submission | DispatcherError | None
 
 
+Partition = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """A batch's outcomes, and the partitions left unrecorded to be read again from
+    elsewhere (:mod:`dispatcher.bus.continuity`): the offset, or None for the beginning."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    seeks: dict[Partition, int | None] = field(default_factory=dict)
+
+    def __add__(self, other: Recorded) -> Recorded:
+        return Recorded(self.outcomes + other.outcomes, {**self.seeks, **other.seeks})
+
+
 class Recorder:
     def __init__(self, engine: AsyncEngine, registry: CapabilityRegistry, topics: Topics) -> None:
         self._engine = engine
         self._registry = registry
         self._topics = topics
 
-    async def record(self, reads: Sequence[Read]) -> list[Outcome]:
+    async def record(
+        self, reads: Sequence[Read], check: Mapping[Partition, int | None] | None = None
+    ) -> Recorded:
         """Record ``reads`` (each partition's records in offset order). A record whose
         row the database refuses is found by halving and refused alone; a database
-        that is unreachable raises, with nothing recorded."""
+        that is unreachable raises, with nothing recorded. The partitions of ``check``
+        (with their high watermarks) are first judged to be the log their rows were
+        recorded from."""
+        check = check or {}
         for attempt in range(1, _ATTEMPTS + 1):
             try:
-                return await self._once(reads)
+                return await self._once(reads, check)
             except psycopg.Error as exc:
                 kind = classify(exc)
                 if kind is DbErrorClass.CONTENTION and attempt < _ATTEMPTS:
@@ -90,31 +122,36 @@ class Recorder:
                 if kind not in _ONE_ROW:
                     raise
                 if len(reads) == 1:
-                    return await self._once([_refused_by_database(reads[0], exc, kind)])
+                    return await self._once([_refused_by_database(reads[0], exc, kind)], check)
                 # Halves keep each partition's records in order: the first half holds
                 # a prefix of every partition's, and commits first.
                 half = len(reads) // 2
-                return await self.record(reads[:half]) + await self.record(reads[half:])
+                first = await self.record(reads[:half], check)
+                return first + await self.record(reads[half:], check)
         raise AssertionError("unreachable")
 
-    async def _once(self, reads: Sequence[Read]) -> list[Outcome]:
+    async def _once(self, reads: Sequence[Read], check: Mapping[Partition, int | None]) -> Recorded:
         async with driver_transaction(self._engine) as connection:
-            recorded = await _take_offsets(connection, reads)
-            fresh = [r for r in reads if r.at.offset >= recorded[(r.at.topic, r.at.partition)]]
+            rows = await _take_offsets(connection, reads)
+            seeks = await _judge(connection, reads, rows, check)
+            reads = [r for r in reads if _partition(r) not in seeks]
+            fresh = [r for r in reads if r.at.offset >= rows[_partition(r)].next_offset]
             results = await self._submit(connection, fresh)
             replies = [reply(r, results.get(id(r))) for r in fresh]
-            rows = [row for row in replies if row is not None]
+            answers = [row for row in replies if row is not None]
             async with connection.cursor() as cursor:
-                if rows:
-                    await cursor.execute(_REPLIES, {"rows": jsonb(rows)}, prepare=True)
-                await cursor.execute(_MOVE_OFFSETS, _next_offsets(reads), prepare=True)
+                if answers:
+                    await cursor.execute(_REPLIES, {"rows": jsonb(answers)}, prepare=True)
+                if reads:
+                    await cursor.execute(_MOVE_OFFSETS, _next_offsets(reads), prepare=True)
         answered = {id(r) for r in fresh}
-        return [
+        outcomes = [
             Outcome(r, results.get(id(r), r.error if isinstance(r, Refused) else None))
             if id(r) in answered
             else Outcome(r, None)
             for r in reads
         ]
+        return Recorded(outcomes, seeks)
 
     async def _submit(
         self, connection: psycopg.AsyncConnection[Any], fresh: Sequence[Read]
@@ -152,11 +189,11 @@ class Recorder:
 
 async def _take_offsets(
     connection: psycopg.AsyncConnection[Any], reads: Sequence[Read]
-) -> dict[tuple[str, int], int]:
-    first: dict[tuple[str, int], int] = {}
+) -> dict[Partition, continuity.Recorded]:
+    first: dict[Partition, int] = {}
     # In one order: two holders of one partition (a zombie) lock its rows alike.
     for r in sorted(reads, key=lambda r: (r.at.topic, r.at.partition, r.at.offset)):
-        first.setdefault((r.at.topic, r.at.partition), r.at.offset)
+        first.setdefault(_partition(r), r.at.offset)
     params = {
         "topics": [t for t, _ in first],
         "partitions": [p for _, p in first],
@@ -164,18 +201,51 @@ async def _take_offsets(
     }
     async with connection.cursor() as cursor:
         await cursor.execute(_TAKE_OFFSETS, params, prepare=True)
-        return {(t, p): o for t, p, o in await cursor.fetchall()}
+        return {(t, p): continuity.Recorded(o, last) for t, p, o, last in await cursor.fetchall()}
+
+
+async def _judge(
+    connection: psycopg.AsyncConnection[Any],
+    reads: Sequence[Read],
+    rows: Mapping[Partition, continuity.Recorded],
+    check: Mapping[Partition, int | None],
+) -> dict[Partition, int | None]:
+    """Where each checked partition must be read from instead (none: it continues its
+    row's log); a new log's row starts again at 0, under the row's lock."""
+    seeks: dict[Partition, int | None] = {}
+    for part, highwater in check.items():
+        mine = {r.at.offset: r.at.fingerprint for r in reads if _partition(r) == part}
+        if not mine:
+            continue
+        verdict = continuity.judge(min(mine), mine, rows[part], highwater)
+        if verdict is continuity.Verdict.LOOK_FURTHER:
+            seeks[part] = rows[part].next_offset - 1
+        elif verdict is continuity.Verdict.NEW_LOG:
+            log.warning(
+                "bus intake: %s[%d] is a new log (recorded up to offset %d);"
+                " recording it from its beginning",
+                part[0], part[1], rows[part].next_offset,
+            )  # fmt: skip
+            BUS_NEW_LOGS.labels(part[0]).inc()
+            await connection.execute(_RESTART, {"topic": part[0], "partition": part[1]})
+            seeks[part] = None
+    return seeks
+
+
+def _partition(r: Read) -> Partition:
+    return (r.at.topic, r.at.partition)
 
 
 def _next_offsets(reads: Sequence[Read]) -> dict[str, list[Any]]:
-    last: dict[tuple[str, int], int] = {}
+    last: dict[Partition, Read] = {}
     for r in reads:
-        key = (r.at.topic, r.at.partition)
-        last[key] = max(last.get(key, -1), r.at.offset + 1)
+        if r.at.offset >= last.get(_partition(r), r).at.offset:
+            last[_partition(r)] = r
     return {
         "topics": [t for t, _ in last],
         "partitions": [p for _, p in last],
-        "offsets": list(last.values()),
+        "offsets": [r.at.offset + 1 for r in last.values()],
+        "last": [r.at.fingerprint for r in last.values()],
     }
 
 

@@ -50,6 +50,8 @@ class At:
     partition: int
     offset: int
     timestamp_ms: int | None = None
+    fingerprint: bytes | None = None
+    """The record's identity in its partition (:func:`dispatcher.bus.continuity.fingerprint`)."""
 
     def origin(self) -> dict[str, Any]:
         return {"topic": self.topic, "partition": self.partition, "offset": self.offset}

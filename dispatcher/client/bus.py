@@ -83,7 +83,14 @@ class BusSubmitter:
         self.source = source
         self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, acks="all", **kafka)
         self._consumer = (
-            AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False, **kafka)
+            # A replies log made again (a topic recreated) is read from its start: the
+            # replies it holds now are all newer than this submitter.
+            AIOKafkaConsumer(
+                bootstrap_servers=bootstrap_servers,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                **kafka,
+            )
             if replies
             else None
         )

@@ -10,7 +10,17 @@ group resumes; this row is what decides. One row per partition, whatever the tra
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, DateTime, Integer, MetaData, Table, Text, func
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+    func,
+)
 
 
 def bus_offsets_table(metadata: MetaData) -> Table:
@@ -20,5 +30,8 @@ def bus_offsets_table(metadata: MetaData) -> Table:
         Column("topic", Text, primary_key=True),
         Column("partition", Integer, primary_key=True),
         Column("next_offset", BigInteger, nullable=False),
+        # A fingerprint of the record at next_offset - 1 (dispatcher.bus.continuity): a
+        # redelivery of the same log finds it there, a topic made again does not.
+        Column("last_record", LargeBinary),
         Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     )
