@@ -17,7 +17,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-Scope = Literal["submit", "read", "approve", "operate"]
+# admin: commands over every tenant (a capability paused for all); never a default.
+Scope = Literal["submit", "read", "approve", "operate", "admin"]
 # The event loop of every long-running process (dispatcher.runtime).
 EventLoop = Literal["uvloop", "asyncio"]
 # How each process writes its log lines (dispatcher.logs): plain text, or one JSON

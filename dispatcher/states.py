@@ -3,8 +3,9 @@
 Pure data: :mod:`dispatcher.ledger.transitions` (with :mod:`dispatcher.ledger.routed`) is
 the only code that moves a call, and it asks :func:`check_transition` first;
 :mod:`dispatcher.control.statuses` moves approvals and escalations by
-:data:`APPROVAL_TRANSITIONS` and :data:`ESCALATION_TRANSITIONS`. The CHECK constraints of
-the status columns are built from these enums (:mod:`dispatcher.db.tables`).
+:data:`APPROVAL_TRANSITIONS` and :data:`ESCALATION_TRANSITIONS`, and
+:mod:`dispatcher.ledger.pauses` capabilities by :data:`CAPABILITY_TRANSITIONS`. The CHECK
+constraints of the status columns are built from these enums (:mod:`dispatcher.db.tables`).
 """
 
 from __future__ import annotations
@@ -160,6 +161,21 @@ ESCALATION_TRANSITIONS: dict[EscalationStatus, frozenset[EscalationStatus]] = {
     E.OPEN: frozenset({E.ACKNOWLEDGED, E.RESOLVED}),
     E.ACKNOWLEDGED: frozenset({E.RESOLVED}),
     E.RESOLVED: frozenset(),
+}
+
+
+class CapabilityStatus(StrEnum):
+    """Whether a capability's calls are sent, for one tenant or for every tenant."""
+
+    ACTIVE = "active"
+    PAUSED = "paused"
+    """Its calls wait in ``authorized``: not claimed, not re-driven, not re-sent or
+    compensated by the reconciler (its status lookups go on)."""
+
+
+CAPABILITY_TRANSITIONS: dict[CapabilityStatus, frozenset[CapabilityStatus]] = {
+    CapabilityStatus.ACTIVE: frozenset({CapabilityStatus.PAUSED}),
+    CapabilityStatus.PAUSED: frozenset({CapabilityStatus.ACTIVE}),
 }
 
 _Status = TypeVar("_Status", bound=StrEnum)

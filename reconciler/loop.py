@@ -23,6 +23,7 @@ from dispatcher.capabilities import Capability, CapabilityRegistry
 from dispatcher.errors import CapabilityNotFound, TransitionConflict
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.messages import Producer
+from dispatcher.ledger.pauses import paused_scopes
 from dispatcher.ledger.transitions import Fence
 from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.contract import Credentials
@@ -46,6 +47,7 @@ from reconciler.rulings import (
     Retry,
     Rulings,
     after_reversal,
+    held_if_paused,
     rule,
     unaddressed,
 )
@@ -148,11 +150,13 @@ class Reconciler:
         if not calls:
             return 0
         answers = await asyncio.gather(*(for_call("lookup", self._look, c) for c in calls))
+        async with self._sessions() as session:
+            paused = await paused_scopes(session)
         rulings = Rulings()
         redispatches: list[Redispatch] = []
         compensations: list[Compensation] = []
         for call, (capability, answer) in zip(calls, answers, strict=True):
-            match rule(call, capability, answer):
+            match held_if_paused(rule(call, capability, answer), paused):
                 case Redispatch() as redispatch:
                     redispatches.append(redispatch)
                 case Compensation() as compensation:

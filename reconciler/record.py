@@ -137,6 +137,7 @@ class Writer:
                     r.evidence,
                     r.error,
                     tenant=r.call.tenant,
+                    counted=r.counted,
                 )
                 for r in retries
             ],

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, assert_never
 
 from dispatcher.capabilities import Capability
+from dispatcher.ledger.pauses import is_paused
 from reconciler.due import DueCall
 from reconciler.lookup import Answer, CompensationAnswer, Reversal, lookup_urls
 from reconciler.policy import (
@@ -62,6 +63,8 @@ class Retry:
     delay_seconds: float
     evidence: Mapping[str, Any]
     error: str | None = None
+    counted: bool = True
+    """False for a look put off while the call's capability is paused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,3 +223,18 @@ def dossier(call: DueCall, capability: Capability | None, answer: Answer) -> dic
         if capability is not None
         else None,
     }
+
+
+def held_if_paused(
+    ruling: Ruling | Redispatch | Compensation, paused: frozenset[tuple[str, str]]
+) -> Ruling | Redispatch | Compensation:
+    """A re-send or a compensation of a call whose capability is paused (for its tenant
+    or every tenant) is put off, uncounted, until the capability resumes: both would
+    reach the provider that is down. Lookups and what they settle go on."""
+    if not isinstance(ruling, Redispatch | Compensation):
+        return ruling
+    call, capability = ruling.call, ruling.capability
+    if not is_paused(paused, capability.id, call.tenant):
+        return ruling
+    evidence = {**ruling.evidence, "heldBy": "capability paused"}
+    return Retry(call, capability.reconcile.max_delay_seconds, evidence, counted=False)

@@ -24,7 +24,16 @@ from dispatcher.settings import Settings, hash_api_key, load_settings
 from kit import telemetry
 from kit.cli import OneLineArgumentParser, fail
 from kit.signals import until_signal
-from tool_dispatcher import approvals, archive, escalations, outbox, reconcile, retention, runs
+from tool_dispatcher import (
+    approvals,
+    archive,
+    capabilities,
+    escalations,
+    outbox,
+    reconcile,
+    retention,
+    runs,
+)
 from tool_dispatcher.ops_server import process_ops
 from tool_dispatcher.parsing import require_registry
 
@@ -61,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("recover", help="apply the crash-recovery rule to expired claims")
     r.add_argument("--once", action="store_true", required=True, help="one sweep, then exit")
     sub.add_parser("api-key", help="print a new API key and the settings line for its hash")
-    for command in (reconcile, escalations, approvals, retention, archive, runs):
+    for command in (reconcile, escalations, approvals, retention, archive, runs, capabilities):
         command.register(sub)
     return parser
 

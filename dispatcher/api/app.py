@@ -14,6 +14,7 @@ from starlette.types import ASGIApp
 from dispatcher import console
 from dispatcher.api import (
     approvals,
+    capabilities,
     escalations,
     health,
     openapi,
@@ -62,7 +63,7 @@ def create_app(
     app.state.limits = Limits.of(settings)
     problems.install(app)
     openapi.install(app)
-    for resource in (tool_calls, runs, approvals, escalations, outbox, health):
+    for resource in (tool_calls, runs, approvals, escalations, outbox, capabilities, health):
         app.include_router(resource.router)
     console.install(app, settings, app.state.auth.keyring)
     if telemetry.enabled():

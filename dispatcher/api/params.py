@@ -24,6 +24,7 @@ ToolCallIdPath = Annotated[str, AfterValidator(check_identifier), Path(json_sche
 RunIdPath = Annotated[str, AfterValidator(check_identifier), Path(json_schema_extra=_DOC)]
 ApprovalIdPath = Annotated[str, AfterValidator(check_identifier), Path(json_schema_extra=_DOC)]
 EscalationIdPath = Annotated[str, AfterValidator(check_identifier), Path(json_schema_extra=_DOC)]
+CapabilityIdPath = Annotated[str, AfterValidator(check_identifier), Path(json_schema_extra=_DOC)]
 AfterCursor = Annotated[
     str | None,
     Query(

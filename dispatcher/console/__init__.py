@@ -10,12 +10,21 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from dispatcher.console import approvals, calls, escalations, outbox, overview, runs, signin
+from dispatcher.console import (
+    approvals,
+    calls,
+    capabilities,
+    escalations,
+    outbox,
+    overview,
+    runs,
+    signin,
+)
 from dispatcher.console.web import Console
 from dispatcher.control.principals import Keyring
 from dispatcher.settings import Settings
 
-PAGES = (signin, escalations, approvals, runs, calls, outbox, overview)
+PAGES = (signin, escalations, approvals, runs, calls, outbox, capabilities, overview)
 
 
 def install(app: FastAPI, settings: Settings, keyring: Keyring) -> None:

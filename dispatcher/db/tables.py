@@ -27,7 +27,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import BYTEA, JSONB
 
 from dispatcher.db.bus_offsets import bus_offsets_table
+from dispatcher.db.console_sessions import console_sessions_table
 from dispatcher.db.labels import Label
+from dispatcher.db.pauses import capability_events_table, capability_states_table
 from dispatcher.db.run_summaries import run_summaries_table
 from dispatcher.states import (
     IN_FLIGHT_STATES,
@@ -330,20 +332,10 @@ runs = Table(
 # Each run's calls counted by status, kept in the transaction of every move (0013).
 run_summaries = run_summaries_table(metadata)
 bus_offsets = bus_offsets_table(metadata)
+capability_states = capability_states_table(metadata)
+capability_events = capability_events_table(metadata)
 
-# The console's signed-in sessions (dispatcher.console.session_rows): a session is live
-# while its row is, so signing out on one API replica ends it on all of them. Expired
-# rows are deleted a bounded batch at a time, oldest first, at each sign-in and out.
-console_sessions = Table(
-    "console_sessions",
-    metadata,
-    # The SHA-256 of the cookie's session id, never the id itself.
-    Column("session_hash", Text, primary_key=True),
-    Column("key_hash", Text, nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    Column("expires_at", DateTime(timezone=True), nullable=False),
-    Index("ix_console_sessions_expires_at", "expires_at"),
-)
+console_sessions = console_sessions_table(metadata)
 
 # Retention (dispatcher.retention, migration 0014). The manifest: one row per archive
 # batch, a batch of one tenant's calls or a dropped day of events, with the files it

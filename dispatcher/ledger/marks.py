@@ -77,6 +77,9 @@ class NextLook:
     error: str | None = None
     # A toolCallId is unique only within its tenant.
     tenant: str = field(kw_only=True)
+    counted: bool = field(default=True, kw_only=True)
+    """Whether this look counts toward the policy's attempts: one put off because its
+    capability is paused does not (the outage must not escalate the call)."""
 
 
 async def schedule_next_looks(
@@ -100,8 +103,14 @@ async def schedule_next_looks(
         column("fence_version", Integer),
         column("delay", Float),
         column("error", Text),
+        column("step", Integer),
         name="v",
-    ).data([(n.tenant, n.tool_call_id, n.version, n.delay_seconds, n.error) for n in looks])
+    ).data(
+        [
+            (n.tenant, n.tool_call_id, n.version, n.delay_seconds, n.error, int(n.counted))
+            for n in looks
+        ]
+    )
     updated = await session.execute(
         update(tool_calls)
         .where(
@@ -113,7 +122,7 @@ async def schedule_next_looks(
         )
         .values(
             **LEASE_RELEASED,
-            reconcile_attempts=tool_calls.c.reconcile_attempts + 1,
+            reconcile_attempts=tool_calls.c.reconcile_attempts + rows.c.step,
             next_reconcile_at=func.now()
             + func.make_interval(0, 0, 0, 0, 0, 0, cast(rows.c.delay, Float)),
             last_error=func.coalesce(cast(rows.c.error, Text), tool_calls.c.last_error),

@@ -18,9 +18,23 @@ from typing import Any
 from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from dispatcher.db.tables import IN_FLIGHT_CALLS, approvals, escalations, outbox, tool_calls
+from dispatcher.db.pauses import EVERY_TENANT
+from dispatcher.db.tables import (
+    IN_FLIGHT_CALLS,
+    approvals,
+    capability_states,
+    escalations,
+    outbox,
+    tool_calls,
+)
 from dispatcher.ledger.messages import tenant_rows
-from dispatcher.states import IN_FLIGHT_STATES, ApprovalStatus, EscalationStatus, ExecutionStatus
+from dispatcher.states import (
+    IN_FLIGHT_STATES,
+    ApprovalStatus,
+    CapabilityStatus,
+    EscalationStatus,
+    ExecutionStatus,
+)
 
 _UNRESOLVED = (EscalationStatus.OPEN.value, EscalationStatus.ACKNOWLEDGED.value)
 
@@ -31,6 +45,9 @@ class NavCounts:
 
     escalations: int
     approvals: int
+    paused: tuple[str, ...] = ()
+    """The capabilities paused for the tenant (its own pause or every tenant's): every
+    page says so, since their calls wait."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +77,20 @@ def nav_counts_query(tenant: str) -> Select[Any]:
         .where(approvals.c.tenant == tenant, approvals.c.status == ApprovalStatus.PENDING.value)
         .scalar_subquery()
     )
-    return select(open_escalations, pending)
+    paused = (
+        select(func.array_agg(func.distinct(capability_states.c.capability_id)))
+        .where(
+            capability_states.c.tenant.in_([tenant, EVERY_TENANT]),
+            capability_states.c.status == CapabilityStatus.PAUSED.value,
+        )
+        .scalar_subquery()
+    )
+    return select(open_escalations, pending, paused)
 
 
 async def nav_counts(session: AsyncSession, tenant: str) -> NavCounts:
     row = (await session.execute(nav_counts_query(tenant))).one()
-    return NavCounts(escalations=row[0], approvals=row[1])
+    return NavCounts(escalations=row[0], approvals=row[1], paused=tuple(sorted(row[2] or ())))
 
 
 def overview_queries(tenant: str) -> dict[str, Select[Any]]:

@@ -32,6 +32,7 @@ from dispatcher.db.tables import tool_calls
 from dispatcher.ledger.events import CallContext, EventType
 from dispatcher.ledger.leases import take_lease
 from dispatcher.ledger.messages import Producer
+from dispatcher.ledger.pauses import not_paused
 from dispatcher.ledger.transitions import BulkMove, move_many
 from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
@@ -138,7 +139,10 @@ async def claim_calls(
         fields=fields,
         where=[
             tool_calls.c.capability_id
-            == any_(bindparam("capabilities", list(leases), type_=ARRAY(Text)))
+            == any_(bindparam("capabilities", list(leases), type_=ARRAY(Text))),
+            # A paused capability's calls wait in their state: the command is dropped
+            # here, and written again when it resumes (dispatcher.worker.redrive).
+            not_paused(tool_calls),
         ],
         # The claim's identity (owner, version): every outcome recorded for it names the
         # same, so the log shows which claim each outcome ended (the chaos checker's fence).

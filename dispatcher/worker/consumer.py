@@ -35,14 +35,14 @@ from dispatcher.worker import spans
 from dispatcher.worker.crashpoints import CrashPoints
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired
-from dispatcher.worker.redrive import redrive_stale
+from dispatcher.worker.redrive import redrive_resumed, redrive_stale
 from kit import telemetry
 from kit.owners import owner_id
 from kit.periodic import periodic
 
 log = logging.getLogger(__name__)
 
-RECOVERY_LOOP, REDRIVE_LOOP = "recovery", "redrive"
+RECOVERY_LOOP, REDRIVE_LOOP, RESUME_LOOP = "recovery", "redrive", "resume"
 """The ``loop`` labels of the two sweeps' step metrics, and the names in their logs."""
 
 
@@ -264,9 +264,10 @@ async def commit_recorded(
 async def _sweep(
     settings: Settings, registry: CapabilityRegistry, sessions: Any, stop: asyncio.Event
 ) -> None:
-    """The worker's two sweeps, each its own loop so one failing does not hold the
-    other back: recovery at once and then every ``recovery_interval_seconds``, redrive
-    every ``redrive_interval_seconds`` from one interval after the start."""
+    """The worker's sweeps, each its own loop so one failing does not hold the others
+    back: recovery at once and then every ``recovery_interval_seconds``, redrive every
+    ``redrive_interval_seconds`` from one interval after the start, and the calls of a
+    capability just resumed every ``recovery_interval_seconds``."""
     topics = settings.topics()
     known = {cap.id for cap in registry}
 
@@ -281,8 +282,19 @@ async def _sweep(
             known_capabilities=known,
         )
 
+    async def resume() -> None:
+        await redrive_resumed(
+            sessions,
+            topics=topics,
+            older_than_seconds=settings.redrive_after_seconds,
+            known_capabilities=known,
+        )
+
     redrive_every = settings.redrive_interval_seconds
     await asyncio.gather(
         periodic(stop, settings.recovery_interval_seconds, recover, name=RECOVERY_LOOP),
         periodic(stop, redrive_every, redrive, name=REDRIVE_LOOP, first_delay=redrive_every),
+        # A resumed capability's waiting calls go at once, not a redrive threshold later;
+        # while nothing was resumed, a step is one read of a table of a few rows.
+        periodic(stop, settings.recovery_interval_seconds, resume, name=RESUME_LOOP),
     )

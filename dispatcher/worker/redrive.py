@@ -20,16 +20,17 @@ its way (its outbox row is unpublished, then younger than the threshold).
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
-from datetime import timedelta
+from collections.abc import Collection, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, Select, func, select
+from sqlalchemy import ColumnElement, Row, Select, func, literal, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.db.tables import DISPATCH_COMMANDS, outbox, tool_calls
 from dispatcher.ledger.events import CallContext, EventType, event_row, record_events
 from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
+from dispatcher.ledger.pauses import ScopeState, not_paused, recently_resumed
 from dispatcher.metrics import REDRIVES
 from dispatcher.settings import Topics
 from dispatcher.states import ExecutionStatus as S
@@ -57,7 +58,10 @@ async def redrive_stale(
     """
     threshold = func.now() - timedelta(seconds=older_than_seconds)
     async with sessions() as session, session.begin():
-        rows = await _waiting(session, threshold, known_capabilities, limit)
+        # A paused capability's calls wait on purpose: they are re-driven when it resumes.
+        rows = await _waiting(
+            session, threshold, known_capabilities, limit, where=[not_paused(tool_calls)]
+        )
         stale = await _without_command(session, rows, threshold, topics) if rows else []
         if stale:
             stale = await _write_again(session, stale, older_than_seconds, topics)
@@ -80,15 +84,19 @@ async def _waiting(
     threshold: ColumnElement[Any],
     known_capabilities: Collection[str] | None,
     limit: int,
+    *,
+    where: Sequence[ColumnElement[bool]] = (),
 ) -> list[Row[Any]]:
-    """Calls authorized since before ``threshold``, locked for this re-driver."""
+    """Calls authorized since before ``threshold`` (and ``where``), locked for this
+    re-driver."""
     # ix_tool_calls_authorized_since holds only the calls waiting in authorized,
-    # oldest first, so this reads no more than it returns.
+    # oldest first, so this reads no more than it returns (and the calls ``where``
+    # leaves out: a paused capability's, for as long as it is paused).
     candidates = (
         await session.execute(
             select(tool_calls)
-            .where(tool_calls.c.status == S.AUTHORIZED, tool_calls.c.updated_at < threshold)
-            .order_by(tool_calls.c.updated_at)
+            .where(tool_calls.c.status == S.AUTHORIZED, tool_calls.c.updated_at < threshold, *where)
+            .order_by(tool_calls.c.updated_at, tool_calls.c.tenant, tool_calls.c.tool_call_id)
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
@@ -134,7 +142,11 @@ async def _without_command(
 
 
 async def _write_again(
-    session: AsyncSession, stale: list[Row[Any]], older_than_seconds: float, topics: Topics
+    session: AsyncSession,
+    stale: list[Row[Any]],
+    older_than_seconds: float,
+    topics: Topics,
+    resumed_at: datetime | None = None,
 ) -> list[Row[Any]]:
     """A ``tool.call.redriven`` event per call and a command that names it as its cause;
     the calls written. A call whose event or command cannot be built is left out (and
@@ -151,6 +163,7 @@ async def _write_again(
                 payload={
                     "authorizedSince": r.updated_at.isoformat(),
                     "thresholdSeconds": older_than_seconds,
+                    **({"resumedAt": resumed_at.isoformat()} if resumed_at else {}),
                 },
             )
             command = DispatchCommand.build(
@@ -166,3 +179,69 @@ async def _write_again(
         await record_events(session, events, topics=topics)
         await enqueue(session, commands)
     return written
+
+
+async def redrive_resumed(
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    topics: Topics,
+    older_than_seconds: float,
+    known_capabilities: Collection[str] | None = None,
+    limit: int = 500,
+) -> list[str]:
+    """Write the dispatch command again, at once, for every call that waited through a
+    pause: of a scope resumed within ``older_than_seconds`` (later, the regular sweep
+    finds any it left), authorized since before the resume, with no command since.
+
+    Their commands were consumed while the capability was paused and dropped by the
+    claim; the calls are the same, so they go with their same keys."""
+    async with sessions() as session:
+        scopes = await recently_resumed(session, older_than_seconds)
+    redriven: list[str] = []
+    for scope in scopes:
+        redriven += await _drain(
+            sessions, scope, topics, older_than_seconds, known_capabilities, limit
+        )
+    if redriven:
+        log.info("resume: dispatch command written again for %d waiting call(s)", len(redriven))
+    return redriven
+
+
+async def _drain(
+    sessions: async_sessionmaker[AsyncSession],
+    scope: ScopeState,
+    topics: Topics,
+    older_than_seconds: float,
+    known_capabilities: Collection[str] | None,
+    limit: int,
+) -> list[str]:
+    """One resumed scope's waiting calls, a batch a transaction, oldest first."""
+    if scope.resumed_at is None:
+        return []
+    since = literal(scope.resumed_at)
+    where = [tool_calls.c.capability_id == scope.capability_id, not_paused(tool_calls)]
+    if not scope.every_tenant:
+        where.append(tool_calls.c.tenant == scope.tenant)
+    redriven: list[str] = []
+    after: tuple[datetime, str, str] | None = None
+    while True:
+        page = list(where)
+        if after is not None:
+            page.append(
+                tuple_(tool_calls.c.updated_at, tool_calls.c.tenant, tool_calls.c.tool_call_id)
+                > tuple_(*after)
+            )
+        async with sessions() as session, session.begin():
+            rows = await _waiting(session, since, known_capabilities, limit, where=page)
+            stale = await _without_command(session, rows, since, topics) if rows else []
+            if stale:
+                stale = await _write_again(
+                    session, stale, older_than_seconds, topics, scope.resumed_at
+                )
+        for r in stale:
+            REDRIVES.labels(r.capability_id).inc()
+        redriven += [r.tool_call_id for r in stale]
+        if len(rows) < limit:
+            return redriven
+        last = rows[-1]
+        after = (last.updated_at, last.tenant, last.tool_call_id)

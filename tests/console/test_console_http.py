@@ -138,7 +138,7 @@ async def test_a_call_page_names_where_the_call_came_from(
     headers = [("ce_specversion", b"1.0"), ("ce_id", b"e-1"), ("ce_source", b"/t"),
                ("ce_type", b"tool.call.submit")]  # fmt: skip
     record = read(route, At(route.topic, 3, 41), None, orjson.dumps(request), headers, 65536)
-    [outcome] = await Recorder(engine, registry, settings.topics()).record([record])
+    [outcome] = (await Recorder(engine, registry, settings.topics()).record([record])).outcomes
     assert isinstance(outcome.result, Submission)
     shown = {}
     for name, call in [

@@ -36,6 +36,10 @@ SCOPES = {
     ("GET", "/v1/outbox/dead-letters"): "operate",
     ("POST", "/v1/outbox/dead-letters/{row_id}/retry"): "operate",
     ("POST", "/v1/outbox/dead-letters/{row_id}/discard"): "operate",
+    ("GET", "/v1/capabilities"): "read",
+    # Every tenant's pause needs "admin" too, checked once the body says so.
+    ("POST", "/v1/capabilities/{capability_id}/pause"): "operate",
+    ("POST", "/v1/capabilities/{capability_id}/resume"): "operate",
 }
 
 

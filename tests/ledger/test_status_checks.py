@@ -11,6 +11,7 @@ import pytest
 
 from dispatcher.states import (
     ApprovalStatus,
+    CapabilityStatus,
     EscalationStatus,
     ExecutionStatus,
     ReconciliationStatus,
@@ -25,6 +26,7 @@ STATUS_COLUMNS: dict[tuple[str, str], type[StrEnum]] = {
     ("tool_calls", "reconciliation_status"): ReconciliationStatus,
     ("approvals", "status"): ApprovalStatus,
     ("escalations", "status"): EscalationStatus,
+    ("capability_states", "status"): CapabilityStatus,
 }
 # Every value of every status enum, and a few near misses.
 CANDIDATES = sorted(

@@ -92,15 +92,15 @@ def test_every_entry_says_what_it_means_and_where_it_moves() -> None:
 def test_the_loops_the_code_runs_are_the_catalogued_ones() -> None:
     """The ``loop`` label's values: each loop's name in the code, the bounded set the
     label checks hold samples to, and the catalogue's two rows, all the same set."""
-    from dispatcher.worker.consumer import RECOVERY_LOOP, REDRIVE_LOOP
+    from dispatcher.worker.consumer import RECOVERY_LOOP, REDRIVE_LOOP, RESUME_LOOP
     from outbox_relay.relay import HOUSEKEEPING_LOOP
     from reconciler.loop import GAUGES_LOOP
     from reconciler.loop import LOOP as RECONCILE_LOOP
     from tool_dispatcher.approvals import LOOP as APPROVALS_LOOP
 
     named = {
-        RECOVERY_LOOP, REDRIVE_LOOP, HOUSEKEEPING_LOOP, RECONCILE_LOOP, GAUGES_LOOP,
-        APPROVALS_LOOP,
+        RECOVERY_LOOP, REDRIVE_LOOP, RESUME_LOOP, HOUSEKEEPING_LOOP, RECONCILE_LOOP,
+        GAUGES_LOOP, APPROVALS_LOOP,
     }  # fmt: skip
     assert named == LOOPS
     entries = by_name(catalogue())

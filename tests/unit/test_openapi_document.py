@@ -12,6 +12,7 @@ import pytest
 from devtools.registries import sandbox_registry
 from dispatcher import schemas
 from dispatcher.api.app import create_app
+from dispatcher.capability_views import PauseRequest
 from dispatcher.settings import load_settings
 
 PROBLEM = "application/problem+json"
@@ -23,6 +24,8 @@ BODIES = {
     ("post", "/v1/approvals/{approval_id}/decision"): schemas.DecisionRequest,
     ("post", "/v1/escalations/{escalation_id}/resolve"): schemas.ResolveRequest,
     ("post", "/v1/outbox/dead-letters/{row_id}/discard"): schemas.DiscardRequest,
+    ("post", "/v1/capabilities/{capability_id}/pause"): PauseRequest,
+    ("post", "/v1/capabilities/{capability_id}/resume"): PauseRequest,
 }
 VIEWS = {
     ("post", "/v1/tool-calls"): "ToolCallView",
@@ -40,6 +43,9 @@ VIEWS = {
     ("get", "/v1/outbox/dead-letters"): "DeadLetterList",
     ("post", "/v1/outbox/dead-letters/{row_id}/retry"): "DeadLetterOutcome",
     ("post", "/v1/outbox/dead-letters/{row_id}/discard"): "DeadLetterOutcome",
+    ("get", "/v1/capabilities"): "CapabilityList",
+    ("post", "/v1/capabilities/{capability_id}/pause"): "CapabilityChange",
+    ("post", "/v1/capabilities/{capability_id}/resume"): "CapabilityChange",
 }
 
 

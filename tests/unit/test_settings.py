@@ -137,7 +137,7 @@ def test_api_key_refuses_anything_but_a_sha256_hex_digest(sha256: str) -> None:
 
 def test_api_key_refuses_unknown_scopes_and_empty_tenants() -> None:
     with pytest.raises(ValidationError):
-        ApiKey(sha256=GOOD_HASH, tenant="acme", scopes=["admin"])
+        ApiKey(sha256=GOOD_HASH, tenant="acme", scopes=["root"])
     with pytest.raises(ValidationError):
         ApiKey(sha256=GOOD_HASH, tenant="")
 

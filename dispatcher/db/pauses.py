@@ -1,0 +1,75 @@
+"""The capability pause tables: ``capability_states`` (the current state of each scope
+ever paused: a capability for one tenant, or for every tenant as ``tenant = ''``) and
+``capability_events`` (every pause and resume, append-only)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+from dispatcher.states import CapabilityStatus
+
+EVERY_TENANT = ""
+"""The ``tenant`` of a pause that holds every tenant's calls."""
+
+
+def capability_states_table(metadata: MetaData) -> Table:
+    return Table(
+        "capability_states",
+        metadata,
+        Column("capability_id", Text, nullable=False),
+        Column("tenant", Text, nullable=False),
+        Column("status", Text, nullable=False),
+        Column("reason", Text, nullable=False),
+        Column("actor", JSONB, nullable=False),
+        Column("changed_at", DateTime(timezone=True), nullable=False),
+        # When it was last resumed: its waiting calls are re-driven from then on
+        # (dispatcher.worker.redrive), without waiting out the lost-command threshold.
+        Column("resumed_at", DateTime(timezone=True)),
+        Column("version", Integer, nullable=False, server_default="1"),
+        PrimaryKeyConstraint("capability_id", "tenant", name="capability_states_pkey"),
+        # As dispatcher.db.tables.status_check builds them (a test holds them to the enum).
+        CheckConstraint(
+            "status IN ({})".format(", ".join(f"'{s.value}'" for s in CapabilityStatus)),
+            name="ck_capability_states_status",
+        ),
+        Index(
+            "ix_capability_states_paused",
+            "tenant",
+            "capability_id",
+            postgresql_where=text("status = 'paused'"),
+        ),
+    )
+
+
+def capability_events_table(metadata: MetaData) -> Table:
+    return Table(
+        "capability_events",
+        metadata,
+        Column("seq", BigInteger, Identity(), nullable=False),
+        Column("event_id", Text, nullable=False),
+        Column("event_type", Text, nullable=False),
+        Column("capability_id", Text, nullable=False),
+        Column("tenant", Text, nullable=False),
+        Column("actor", JSONB, nullable=False),
+        Column("reason", Text, nullable=False),
+        Column("occurred_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+        PrimaryKeyConstraint("seq", name="capability_events_pkey"),
+        UniqueConstraint("event_id", name="uq_capability_events_event_id"),
+        Index("ix_capability_events_capability", "capability_id", "seq"),
+    )

@@ -1,0 +1,215 @@
+"""Pausing and resuming a capability: the only code that moves ``capability_states``.
+
+A pause holds a capability's calls in ``authorized`` for one tenant, or for every tenant
+(``tenant = ''``). Each move is a conditional statement by
+:data:`~dispatcher.states.CAPABILITY_TRANSITIONS` (a pause of a paused scope, or a resume
+of an active one, moves nothing and writes nothing), and each move writes its fact: a
+``capability_events`` row and a message on the events topic, in the same transaction.
+
+Who honours a pause reads :func:`not_paused` (the worker's claim, the redrive) or
+:func:`paused_scopes` (the reconciler), so a pause committed before their statement
+holds every call it covers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import ColumnElement, Table, and_, exists, func, insert, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from dispatcher.db.pauses import EVERY_TENANT
+from dispatcher.db.tables import capability_events, capability_states
+from dispatcher.ids import random_uuid
+from dispatcher.ledger.messages import Producer, ce_source, enqueue, outbox_row
+from dispatcher.settings import Topics
+from dispatcher.states import CAPABILITY_TRANSITIONS, CapabilityStatus
+
+
+class CapabilityEventType(StrEnum):
+    """The facts of a capability's state; each has a JSON Schema in ``docs/events``."""
+
+    PAUSED = "capability.paused"
+    RESUMED = "capability.resumed"
+
+
+_EVENT_OF = {
+    CapabilityStatus.PAUSED: CapabilityEventType.PAUSED,
+    CapabilityStatus.ACTIVE: CapabilityEventType.RESUMED,
+}
+_PAUSED = CapabilityStatus.PAUSED.value
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeState:
+    """One scope's state: a capability for ``tenant`` (``''``: every tenant)."""
+
+    capability_id: str
+    tenant: str
+    status: CapabilityStatus
+    reason: str
+    actor: Mapping[str, Any]
+    changed_at: datetime
+    resumed_at: datetime | None = None
+
+    @classmethod
+    def of(cls, row: Mapping[Any, Any]) -> ScopeState:
+        return cls(
+            row["capability_id"], row["tenant"], CapabilityStatus(row["status"]), row["reason"],
+            row["actor"], row["changed_at"], row["resumed_at"],
+        )  # fmt: skip
+
+    @property
+    def every_tenant(self) -> bool:
+        return self.tenant == EVERY_TENANT
+
+
+def not_paused(calls: Table) -> ColumnElement[bool]:
+    """True for rows of ``calls`` (``tool_calls``) whose capability is not paused for
+    their tenant nor for every tenant: a primary-key probe of a table of a few rows."""
+    return ~exists().where(
+        capability_states.c.capability_id == calls.c.capability_id,
+        or_(
+            capability_states.c.tenant == calls.c.tenant,
+            capability_states.c.tenant == EVERY_TENANT,
+        ),
+        capability_states.c.status == _PAUSED,
+    )
+
+
+async def paused_scopes(session: AsyncSession) -> frozenset[tuple[str, str]]:
+    """Every paused ``(capability_id, tenant)``; ``tenant`` ``''`` is every tenant."""
+    rows = await session.execute(
+        select(capability_states.c.capability_id, capability_states.c.tenant).where(
+            capability_states.c.status == _PAUSED
+        )
+    )
+    return frozenset((r.capability_id, r.tenant) for r in rows)
+
+
+async def recently_resumed(session: AsyncSession, within_seconds: float) -> list[ScopeState]:
+    """The scopes resumed within the last ``within_seconds`` and still active."""
+    rows = await session.execute(
+        select(capability_states).where(
+            capability_states.c.status == CapabilityStatus.ACTIVE.value,
+            capability_states.c.resumed_at
+            > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, within_seconds),
+        )
+    )
+    return [ScopeState.of(r._mapping) for r in rows]
+
+
+def is_paused(scopes: frozenset[tuple[str, str]], capability_id: str, tenant: str) -> bool:
+    return (capability_id, tenant) in scopes or (capability_id, EVERY_TENANT) in scopes
+
+
+async def scope_states(session: AsyncSession, tenant: str | None) -> dict[str, list[ScopeState]]:
+    """The scopes that hold ``tenant``'s calls (its own and every tenant's; ``None``:
+    every scope), by capability id."""
+    query = select(capability_states)
+    if tenant is not None:
+        query = query.where(capability_states.c.tenant.in_([tenant, EVERY_TENANT]))
+    found: dict[str, list[ScopeState]] = {}
+    for row in await session.execute(query.order_by(capability_states.c.tenant)):
+        found.setdefault(row.capability_id, []).append(ScopeState.of(row._mapping))
+    return found
+
+
+async def move_capability(
+    session: AsyncSession,
+    capability_id: str,
+    tenant: str,
+    target: CapabilityStatus,
+    *,
+    actor: Mapping[str, Any],
+    reason: str,
+    topics: Topics,
+) -> tuple[ScopeState | None, bool]:
+    """Move the scope to ``target`` if the table allows it from where it is; its state
+    afterwards (None: never paused) and whether it moved (then with its fact). ``actor``
+    is who moved it (``Actor.as_payload()``)."""
+    sources = [s.value for s, targets in CAPABILITY_TRANSITIONS.items() if target in targets]
+    values = {
+        "status": target.value,
+        "reason": reason,
+        "actor": dict(actor),
+        # The database's clock, as every other fact's time.
+        "changed_at": func.now(),
+    }
+    if target is CapabilityStatus.ACTIVE:
+        resume = (
+            update(capability_states)
+            .where(
+                capability_states.c.capability_id == capability_id,
+                capability_states.c.tenant == tenant,
+                capability_states.c.status.in_(sources),
+            )
+            .values(**values, resumed_at=func.now(), version=capability_states.c.version + 1)
+        )
+        result = await session.execute(resume.returning(*capability_states.c))
+    else:
+        new = pg_insert(capability_states).values(
+            capability_id=capability_id, tenant=tenant, **values
+        )
+        pause = new.on_conflict_do_update(
+            index_elements=["capability_id", "tenant"],
+            set_={**values, "version": capability_states.c.version + 1},
+            where=capability_states.c.status.in_(sources),
+        )
+        result = await session.execute(pause.returning(*capability_states.c))
+    moved = result.first()
+    if moved is None:
+        current = (
+            await session.execute(
+                select(capability_states).where(
+                    and_(
+                        capability_states.c.capability_id == capability_id,
+                        capability_states.c.tenant == tenant,
+                    )
+                )
+            )
+        ).first()
+        return (ScopeState.of(current._mapping) if current else None), False
+    state = ScopeState.of(moved._mapping)
+    await _record_fact(session, state, topics)
+    return state, True
+
+
+async def _record_fact(session: AsyncSession, state: ScopeState, topics: Topics) -> None:
+    """The move's fact in the log and on the events topic (the outbox, this transaction)."""
+    event_type = _EVENT_OF[state.status]
+    event_id = f"evt_{random_uuid().replace('-', '')}"
+    await session.execute(
+        insert(capability_events).values(
+            event_id=event_id,
+            event_type=event_type.value,
+            capability_id=state.capability_id,
+            tenant=state.tenant,
+            actor=dict(state.actor),
+            reason=state.reason,
+            occurred_at=state.changed_at,
+        )
+    )
+    payload = {
+        "eventId": event_id,
+        "eventType": event_type.value,
+        "capabilityId": state.capability_id,
+        "tenant": None if state.every_tenant else state.tenant,
+        "by": dict(state.actor),
+        "reason": state.reason,
+        "occurredAt": state.changed_at.isoformat(),
+    }
+    message = outbox_row(
+        topic=topics.events,
+        key=f"capability/{state.capability_id}",
+        type=event_type.value,
+        source=ce_source(Producer.OPERATOR),
+        payload=payload,
+        time=state.changed_at,
+    )
+    await enqueue(session, [message])
