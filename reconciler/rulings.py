@@ -11,7 +11,7 @@ one transaction per batch (:class:`Rulings`, :mod:`reconciler.record`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
 
 from dispatcher.capabilities import Capability
@@ -228,13 +228,18 @@ def dossier(call: DueCall, capability: Capability | None, answer: Answer) -> dic
 def held_if_paused(
     ruling: Ruling | Redispatch | Compensation, paused: frozenset[tuple[str, str]]
 ) -> Ruling | Redispatch | Compensation:
-    """A re-send or a compensation of a call whose capability is paused (for its tenant
-    or every tenant) is put off, uncounted, until the capability resumes: both would
-    reach the provider that is down. Lookups and what they settle go on."""
-    if not isinstance(ruling, Redispatch | Compensation):
+    """A call whose capability is paused (for its tenant or every tenant): a re-send or
+    a compensation (both would reach the provider that is down) is put off until the
+    capability resumes, and so is a look that settled nothing; neither counts toward the
+    policy's attempts, so an outage does not escalate the calls it holds. What a lookup
+    settles goes on."""
+    if not isinstance(ruling, Redispatch | Compensation | Retry):
         return ruling
-    call, capability = ruling.call, ruling.capability
-    if not is_paused(paused, capability.id, call.tenant):
+    call = ruling.call
+    if not is_paused(paused, call.capability_id, call.tenant):
         return ruling
+    if isinstance(ruling, Retry):
+        return replace(ruling, counted=False)
     evidence = {**ruling.evidence, "heldBy": "capability paused"}
-    return Retry(call, capability.reconcile.max_delay_seconds, evidence, counted=False)
+    delay = ruling.capability.reconcile.max_delay_seconds
+    return Retry(call, delay, evidence, counted=False)

@@ -1,6 +1,6 @@
 """While a capability is paused the reconciler still looks calls up and settles what it
 finds, but a re-send or a compensation (both would reach the provider that is down) is
-put off, uncounted, until it resumes."""
+put off until it resumes, and no look counts toward the attempts meanwhile."""
 
 from __future__ import annotations
 
@@ -43,6 +43,14 @@ def test_another_tenants_pause_or_another_capabilitys_holds_nothing() -> None:
     work = Redispatch(CALL, REFUND, {})
     paused = frozenset({("refund", "globex"), ("send", "")})
     assert held_if_paused(work, paused) is work
+
+
+def test_a_look_that_settled_nothing_is_not_counted_while_paused() -> None:
+    look = Retry(CALL, 2.0, {"decision": "retry"}, "provider unreachable")
+    held = held_if_paused(look, frozenset({("refund", "")}))
+    assert isinstance(held, Retry)
+    assert (held.counted, held.delay_seconds, held.error) == (False, 2.0, "provider unreachable")
+    assert held_if_paused(look, frozenset()) is look
 
 
 def test_what_a_lookup_settles_goes_on() -> None:
