@@ -32,6 +32,7 @@ from dispatcher.ledger.messages import ce_source, outbox_row
 from dispatcher.metrics import BUS_NEW_LOGS
 from dispatcher.schemas import Submission
 from dispatcher.settings import Topics
+from dispatcher.tenancy import ordering_key
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +272,9 @@ def reply(read: Read, result: Submission | DispatcherError | None) -> dict[str, 
         }
     row = outbox_row(
         topic=read.route.replies,
-        key=_key_text(read.key) or read.event_id,
+        # Qualified by the tenant, as every outbox key is: the relay holds a key's later
+        # rows behind its dead letter, and another tenant's request may share the key.
+        key=ordering_key(read.route.tenant, _key_text(read.key) or read.event_id),
         type=REFUSED if error is not None else ACCEPTED,
         source=SOURCE,
         payload=payload,

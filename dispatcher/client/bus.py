@@ -46,12 +46,15 @@ class BusReply:
     status: str | None
     call: dict[str, Any] | None
     problem: dict[str, Any] | None
+    created: bool | None = None
+    """For ``accepted``: whether this request made the call (False: it replayed one, as
+    HTTP's 200 says)."""
 
     @classmethod
     def of(cls, data: dict[str, Any]) -> BusReply:
         return cls(
             data["requestId"], data["outcome"], data.get("toolCallId"), data.get("status"),
-            data.get("call"), data.get("problem"),
+            data.get("call"), data.get("problem"), data.get("created"),
         )  # fmt: skip
 
 

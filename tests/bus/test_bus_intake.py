@@ -78,6 +78,14 @@ async def test_records_become_calls_and_replies(
         f"td-{world.run}.replies.acme",
     )
     assert resent == [(2, 1)]
+    # Keyed by the tenant too: the relay holds a key's rows behind its dead letter, and
+    # another tenant's requests may use the same key.
+    keys = await rows(
+        database_url,
+        "SELECT DISTINCT split_part(key, '/', 1) FROM outbox WHERE topic LIKE %s",
+        f"td-{world.run}.replies.%",
+    )
+    assert sorted(k for (k,) in keys) == ["acme", "globex"]
 
 
 async def test_records_are_recorded_in_partition_order(

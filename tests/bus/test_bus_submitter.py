@@ -37,6 +37,7 @@ async def test_a_submitter_gets_one_reply_per_request(
             assert (await bus.reply(other, within=60)).outcome == "accepted"
             no = await bus.reply(refused, within=60)
     assert accepted.outcome == "accepted" and accepted.call is not None
+    assert accepted.created is True  # the first of the two records made the call
     assert accepted.call["toolCallId"] == accepted.tool_call_id
     other_id = (await bus.reply(other, within=0)).tool_call_id
     assert other_id != accepted.tool_call_id
