@@ -23,7 +23,7 @@ from dispatcher.capability_views import (
 from dispatcher.control.actor import Actor
 from dispatcher.db.pauses import EVERY_TENANT
 from dispatcher.db.tables import tool_calls
-from dispatcher.ledger.pauses import ScopeState, move_capability, scope_states
+from dispatcher.ledger.pauses import ScopeState, move_capability, paused_for
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import CapabilityStatus
 from dispatcher.states import ExecutionStatus as S
@@ -70,7 +70,7 @@ async def list_capabilities(
 async def views(
     session: AsyncSession, capabilities: Sequence[Capability], tenant: str
 ) -> list[CapabilityView]:
-    states = await scope_states(session, tenant)
+    states = await paused_for(session, tenant)
     counted = await session.execute(
         select(tool_calls.c.capability_id, func.count())
         .where(tool_calls.c.status == S.AUTHORIZED, tool_calls.c.tenant == tenant)

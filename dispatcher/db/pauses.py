@@ -54,6 +54,11 @@ def capability_states_table(metadata: MetaData) -> Table:
             "capability_id",
             postgresql_where=text("status = 'paused'"),
         ),
+        Index(
+            "ix_capability_states_resumed",
+            "resumed_at",
+            postgresql_where=text("status = 'active'"),
+        ),
     )
 
 

@@ -19,7 +19,18 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, and_, exists, func, insert, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    Table,
+    and_,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -82,25 +93,29 @@ def not_paused(calls: Table) -> ColumnElement[bool]:
     )
 
 
+def paused_scopes_query() -> Select[Any]:
+    return select(capability_states.c.capability_id, capability_states.c.tenant).where(
+        capability_states.c.status == _PAUSED
+    )
+
+
 async def paused_scopes(session: AsyncSession) -> frozenset[tuple[str, str]]:
     """Every paused ``(capability_id, tenant)``; ``tenant`` ``''`` is every tenant."""
-    rows = await session.execute(
-        select(capability_states.c.capability_id, capability_states.c.tenant).where(
-            capability_states.c.status == _PAUSED
-        )
-    )
+    rows = await session.execute(paused_scopes_query())
     return frozenset((r.capability_id, r.tenant) for r in rows)
+
+
+def recently_resumed_query(within_seconds: float) -> Select[Any]:
+    return select(capability_states).where(
+        capability_states.c.status == CapabilityStatus.ACTIVE.value,
+        capability_states.c.resumed_at
+        > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, within_seconds),
+    )
 
 
 async def recently_resumed(session: AsyncSession, within_seconds: float) -> list[ScopeState]:
     """The scopes resumed within the last ``within_seconds`` and still active."""
-    rows = await session.execute(
-        select(capability_states).where(
-            capability_states.c.status == CapabilityStatus.ACTIVE.value,
-            capability_states.c.resumed_at
-            > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, within_seconds),
-        )
-    )
+    rows = await session.execute(recently_resumed_query(within_seconds))
     return [ScopeState.of(r._mapping) for r in rows]
 
 
@@ -108,14 +123,22 @@ def is_paused(scopes: frozenset[tuple[str, str]], capability_id: str, tenant: st
     return (capability_id, tenant) in scopes or (capability_id, EVERY_TENANT) in scopes
 
 
-async def scope_states(session: AsyncSession, tenant: str | None) -> dict[str, list[ScopeState]]:
-    """The scopes that hold ``tenant``'s calls (its own and every tenant's; ``None``:
-    every scope), by capability id."""
-    query = select(capability_states)
-    if tenant is not None:
-        query = query.where(capability_states.c.tenant.in_([tenant, EVERY_TENANT]))
+def paused_for_query(tenant: str) -> Select[Any]:
+    return (
+        select(capability_states)
+        .where(
+            capability_states.c.tenant.in_([tenant, EVERY_TENANT]),
+            capability_states.c.status == _PAUSED,
+        )
+        .order_by(capability_states.c.tenant)
+    )
+
+
+async def paused_for(session: AsyncSession, tenant: str) -> dict[str, list[ScopeState]]:
+    """The pauses that hold ``tenant``'s calls (its own and every tenant's), by
+    capability id."""
     found: dict[str, list[ScopeState]] = {}
-    for row in await session.execute(query.order_by(capability_states.c.tenant)):
+    for row in await session.execute(paused_for_query(tenant)):
         found.setdefault(row.capability_id, []).append(ScopeState.of(row._mapping))
     return found
 

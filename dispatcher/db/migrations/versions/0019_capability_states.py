@@ -60,6 +60,13 @@ def upgrade() -> None:
         ["tenant", "capability_id"],
         postgresql_where=sa.text("status = 'paused'"),
     )
+    # The scopes resumed lately (the workers' resume loop asks every second or two).
+    op.create_index(
+        "ix_capability_states_resumed",
+        "capability_states",
+        ["resumed_at"],
+        postgresql_where=sa.text("status = 'active'"),
+    )
     # The log of one capability, newest first (the console's history of a capability).
     op.create_index(
         "ix_capability_events_capability", "capability_events", ["capability_id", "seq"]
