@@ -28,7 +28,7 @@ from tool_dispatcher.parsing import require_registry
 PROG = "python -m devtools"
 # The chaos harness's planted defects (devtools.chaos.run.PLANTS; a test keeps the two
 # equal), listed here so that parsing the arguments imports no harness.
-PLANTS = ("blind-retry", "stale-fence", "shared-keys", "eager-retention")
+PLANTS = ("blind-retry", "stale-fence", "shared-keys", "eager-retention", "early-commit")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,14 +17,21 @@ log = logging.getLogger(__name__)
 _RETRY_CAP_SECONDS = 5.0
 
 
-async def ensure_topics(settings: Settings) -> None:
-    if settings.kafka_bootstrap is None:
-        raise ValueError("no Kafka configured (TOOL_DISPATCHER_KAFKA_BOOTSTRAP)")
+def wanted_topics(settings: Settings) -> list[str]:
+    """Every topic the service writes or reads with ``settings``: what
+    :func:`ensure_topics` makes."""
     wanted = [settings.dispatch_topic, settings.events_topic, settings.escalations_topic]
     # Bus intake's: each request topic, its replies (which the relay publishes) and its
     # dead letters. In production they are KafkaTopic resources (deploy/), made first.
     for route in settings.bus.routes().values():
         wanted += [route.topic, route.replies, route.dead_letters]
+    return wanted
+
+
+async def ensure_topics(settings: Settings) -> None:
+    if settings.kafka_bootstrap is None:
+        raise ValueError("no Kafka configured (TOOL_DISPATCHER_KAFKA_BOOTSTRAP)")
+    wanted = wanted_topics(settings)
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     try:
         await admin.start()

@@ -1,5 +1,6 @@
-"""The nine invariants a chaos run must end with, checked against what the database
-recorded, what the provider (the sandbox) actually did and what the API answered.
+"""The ten invariants a chaos run must end with, checked against what the database
+recorded, what the provider (the sandbox) actually did, what the API answered and what
+the broker kept of the request records sent to bus intake.
 
 :func:`check` is pure (evidence in, violations out);
 :func:`devtools.chaos.evidence.gather` collects the evidence from the run's
@@ -31,6 +32,7 @@ INVARIANTS: dict[int, str] = {
     7: "every move out of a claim was made by the claim's holder at its version",
     8: "no tenant's call is affected by another tenant's",
     9: "retention archives a call once, only when it is finished, and nothing moves after",
+    10: "every request record the broker kept is answered once: one call or one refusal",
 }
 
 _NO_EFFECT = {S.FAILED, S.REJECTED, S.CANCELLED}
@@ -92,6 +94,20 @@ class DeadLetterSeen:
     """The rows of its key that waited behind it when it was found."""
 
 
+@dataclass(frozen=True, slots=True)
+class BusAnswer:
+    """A reply bus intake recorded (an outbox row on a replies topic)."""
+
+    event_id: str
+    """The request's ``ce_id`` (the reply's ``ce_requestid`` header)."""
+    tenant: str
+    outcome: str
+    """``accepted`` or ``refused``."""
+    tool_call_id: str | None = None
+    code: str | None = None
+    """A refusal's problem code."""
+
+
 @dataclass
 class Evidence:
     """Everything the invariants are checked against."""
@@ -133,6 +149,21 @@ class Evidence:
     """What the archive shows retention did wrong (:func:`devtools.chaos.retention.breaches`)."""
     archived_calls: int = 0
     """Calls the retention job archived and removed (they are in ``calls`` too)."""
+    bus_kept: Mapping[str, int] = field(default_factory=dict)
+    """Request records the broker kept at the end of the run, by event id (``ce_id``)."""
+    bus_unreadable: int = 0
+    """Request records kept without a readable ``ce_id`` (no one to answer; a figure)."""
+    bus_clashing: int = 0
+    """Request records at an offset the broker gave two records, not in ``bus_kept``
+    (:class:`devtools.chaos.bus_evidence.Kept`; a figure)."""
+    bus_answers: Sequence[BusAnswer] = ()
+    """Every reply bus intake recorded."""
+    bus_sent_acked: Mapping[str, int] = field(default_factory=dict)
+    """Sends of each event the broker acknowledged to the load."""
+    bus_sent_maybe: Mapping[str, int] = field(default_factory=dict)
+    """Sends of each event that failed without knowing whether they were written."""
+    bus_hostile: Collection[str] = ()
+    """The events the load sent with a hostile body."""
 
 
 def unsettled(calls: Iterable[CallRecord]) -> list[CallRecord]:
@@ -174,7 +205,39 @@ def check(evidence: Evidence) -> dict[int, list[str]]:
     violations[7] = unfenced(evidence.events)
     violations[8] = isolation(evidence)
     violations[9] = list(evidence.retention_breaches)
+    violations[10] = answered_once(evidence)
     return violations
+
+
+def answered_once(evidence: Evidence) -> list[str]:
+    """Invariant 10, per event id: every record the broker kept has a reply (a record
+    never answered is lost); no more replies than records, unless a broker restart
+    forgot some after they were answered, which the load's sends bound (more is a
+    redelivery answered again); the accepting replies of one event name one call, a
+    call of the run; and a hostile event is never accepted."""
+    answers: defaultdict[str, list[BusAnswer]] = defaultdict(list)
+    for answer in evidence.bus_answers:
+        answers[answer.event_id].append(answer)
+    found = []
+    for event_id in sorted(evidence.bus_kept.keys() | answers.keys()):
+        kept, got = evidence.bus_kept.get(event_id, 0), answers.get(event_id, [])
+        sent = evidence.bus_sent_acked.get(event_id, 0) + evidence.bus_sent_maybe.get(event_id, 0)
+        who = f"event {event_id}: {kept} record(s) kept, {len(got)} answered"
+        if len(got) < kept:
+            found.append(f"{who}: a record never answered")
+        # One send may make two records (a producer's retry of a batch): max, not sum.
+        if len(got) > max(kept, sent):
+            found.append(f"{who}, {sent} sent: a record answered twice")
+        accepted = [a for a in got if a.outcome == "accepted"]
+        calls = sorted({str(a.tool_call_id) for a in accepted})
+        if len(calls) > 1:
+            found.append(f"{who}: accepted as {len(calls)} calls ({', '.join(calls)})")
+        for name in sorted({(a.tenant, str(a.tool_call_id)) for a in accepted}):
+            if name not in evidence.calls:
+                found.append(f"{who}: accepted as {'/'.join(name)}, which is no call of the run")
+        if accepted and event_id in evidence.bus_hostile:
+            found.append(f"{who}: a hostile record accepted as {', '.join(calls)}")
+    return found
 
 
 def _effects(call: CallRecord, applied: int, reversed_: int) -> list[str]:

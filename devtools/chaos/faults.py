@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -69,6 +70,8 @@ class Injector:
 
     async def _apply(self, fault: PlannedFault) -> str:
         kind = fault.kind
+        if kind is FaultKind.KILL_BUS_INTAKE:
+            return await self.kill_mid_batch(fault)
         if kind in KILLS:
             members = self.supervisor.of_role(KILLS[kind])
             victim = members[fault.target % len(members)].name
@@ -110,6 +113,33 @@ class Injector:
         await self._sandbox("POST", "/v1/faults", rule)
         return f"next {fault.times} requests"
 
+    async def kill_mid_batch(self, fault: PlannedFault) -> str:
+        """kill -9 of a bus intake process with a batch in hand: read from Kafka, not yet
+        recorded (so neither committed). ``bus_offsets`` is locked against writes, which
+        holds a batch at its first statement and nothing else of the service; the first
+        process seen waiting on it is killed, else the planned one; then the lock goes.
+        Without the database (another fault), a plain kill."""
+        members = [m.name for m in self.supervisor.of_role(KILLS[fault.kind])]
+        planned = members[fault.target % len(members)]
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.infra.database_url, connect_timeout=2, application_name="chaos-injector"
+            )
+        except (OSError, psycopg.Error) as exc:
+            self.supervisor.kill(planned, fault.seconds)
+            return f"{planned} (database away: {type(exc).__name__})"
+        try:
+            caught = await _caught_mid_batch(conn, members, planned)
+        except (OSError, psycopg.Error) as exc:
+            log.warning("no bus intake caught mid-batch: %s", exc)
+            caught = None
+        self.supervisor.kill(caught or planned, fault.seconds)
+        with contextlib.suppress(OSError, psycopg.Error):
+            await conn.rollback()
+        with contextlib.suppress(OSError, psycopg.Error):
+            await conn.close()
+        return f"{caught} (mid-batch)" if caught else planned
+
     def _later(self, seconds: float, lift: Any) -> None:
         async def run() -> None:
             await asyncio.sleep(seconds)
@@ -140,3 +170,35 @@ class Injector:
             response = await client.request(method, path, json=body)
             response.raise_for_status()
             return response.json()
+
+
+MID_BATCH_WITHIN = 3.0
+"""How long a batch is waited for: the load writes a request record about every half
+second, each recorded in the batch that fetches it."""
+
+
+async def _caught_mid_batch(
+    conn: psycopg.AsyncConnection[Any], names: list[str], planned: str
+) -> str | None:
+    """Lock ``bus_offsets`` in ``conn``'s transaction (left open: the caller kills, then
+    rolls back) and wait for a process of ``names`` to wait on it: its name, the
+    planned one first if both are. SHARE mode conflicts with the recorder's first
+    statement (``INSERT ... ON CONFLICT`` on ``bus_offsets``), no one else writes the
+    table, and plain reads go on."""
+    await conn.execute("SET LOCAL lock_timeout = '2s'")
+    await conn.execute("LOCK TABLE bus_offsets IN SHARE MODE")
+    deadline = time.monotonic() + MID_BATCH_WITHIN
+    while time.monotonic() < deadline:
+        # Within one transaction pg_stat_activity is read once; a fresh look each time.
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        cursor = await conn.execute(
+            "SELECT DISTINCT application_name FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            " AND application_name = ANY(%s)",
+            (names,),
+        )
+        waiting = {row[0] for row in await cursor.fetchall()}
+        if waiting:
+            return planned if planned in waiting else min(waiting)
+        await asyncio.sleep(0.05)
+    return None

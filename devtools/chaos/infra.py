@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -30,6 +30,8 @@ class Infrastructure:
     database_down: bool = False
     topics: Settings | None = None
     """Whose topics to create again after a broker restart (see :meth:`start_broker`)."""
+    on_broker_restart: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    """Called once the restarted broker has the run's topics again."""
 
     @property
     def owns_database(self) -> bool:
@@ -51,6 +53,8 @@ class Infrastructure:
                 # A real broker keeps its topics through a restart; this one forgets
                 # them, so they are provisioned again as an operator would.
                 await restore_topics(self.topics)
+            for restarted in self.on_broker_restart:
+                await restarted()
 
     async def stop_database(self) -> None:
         if self.pg is not None:

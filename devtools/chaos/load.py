@@ -1,12 +1,12 @@
-"""The load of a chaos run: a steady mix of submissions over HTTP from two tenants whose
-names meet, idempotent replays, a few stopped runs, a simulated approver, and calls of
-one tenant too large to announce. Every 2xx answer is recorded: those are the promises
-the checker holds the service to."""
+"""The load of a chaos run: a steady mix of submissions from two tenants whose names
+meet, over HTTP and (a share) over the bus (:mod:`devtools.chaos.bus_load`), idempotent
+replays, a few stopped runs, a simulated approver, and calls of one tenant too large to
+announce. Every 2xx answer and accepted reply is recorded: those are the promises the
+checker holds the service to."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import random
@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 
+from devtools.chaos.approvers import approve_until
+from devtools.chaos.bus_load import BUS_SHARE, DOUBLED_SHARE, BusDoor
 from devtools.chaos.stats import Ack, LoadStats, ReplayMismatch
 from devtools.hostile import hostile_body
 
@@ -76,7 +78,8 @@ def other_tenant(tenant: str) -> str:
 
 class Load:
     """Submits ``rate`` requests a second (at most ``in_flight`` at a time), each as one
-    of the tenants of ``api_keys`` (tenant: its API key)."""
+    of the tenants of ``api_keys`` (tenant: its API key); with ``request_topics``
+    (tenant: its bus intake topic on ``kafka_bootstrap``) a share through the bus."""
 
     def __init__(
         self,
@@ -86,9 +89,14 @@ class Load:
         seed: int,
         rate: float,
         in_flight: int = 16,
+        kafka_bootstrap: str | None = None,
+        request_topics: Mapping[str, str] | None = None,
     ) -> None:
         self.stats = LoadStats()
         self._rng = random.Random(seed * 7919 + 1)  # noqa: S311 - replayable, not secret
+        # The doors are drawn apart: the rest of the load stays what the seed made it
+        # before the bus joined (the planted runs' tests count on what it sends early).
+        self._doors = random.Random(seed * 7919 + 2)  # noqa: S311 - replayable, not secret
         self._rate = rate
         self._seed = seed
         self._slots = asyncio.Semaphore(in_flight)
@@ -103,13 +111,27 @@ class Load:
         self._tasks: set[asyncio.Task[None]] = set()
         self._followers: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
+        self._bus: BusDoor | None = None
+        if kafka_bootstrap and request_topics:
+            stopped = self._stopped_by_another
+            self._bus = BusDoor(
+                kafka_bootstrap, request_topics, self.stats, stopped_by_another=stopped
+            )
 
     async def close(self) -> None:
         await asyncio.gather(*self._tasks, *self._followers, return_exceptions=True)
+        if self._bus is not None:
+            await self._bus.close()
         for client in self._clients.values():
             await client.aclose()
 
+    async def broker_restarted(self) -> None:
+        if self._bus is not None:
+            await self._bus.reopen()
+
     async def submit_until(self, stop: asyncio.Event) -> None:
+        if self._bus is not None:
+            await self._bus.start()
         loop = asyncio.get_running_loop()
         start = loop.time()
         n = 0
@@ -162,8 +184,10 @@ class Load:
             "input": call_input,
         }
         mirror = self._rng.random()
+        door, twice = self._doors.random(), self._doors.random()
+        bus = self._bus if door < BUS_SHARE else None
         if mirror >= MIRROR_SHARE:
-            await self._send(tenant, body)
+            await self._by(bus, tenant, body, f"{n}", twice < DOUBLED_SHARE)
             return
         other = dict(body)
         if mirror < MIRROR_SHARE / 2:
@@ -171,7 +195,19 @@ class Load:
         else:
             other["input"] = {**call_input, "amount": call_input["amount"] + 1}
         self.stats.mirrored += 1
-        await asyncio.gather(self._send(tenant, body), self._send(other_tenant(tenant), other))
+        await asyncio.gather(
+            self._by(bus, tenant, body, f"{n}", twice < DOUBLED_SHARE),
+            self._by(bus, other_tenant(tenant), other, f"{n}-mirror", False),
+        )
+
+    async def _by(
+        self, bus: BusDoor | None, tenant: str, body: dict[str, Any], n: str, twice: bool
+    ) -> None:
+        """``body`` through the bus if ``bus``, else over HTTP."""
+        if bus is None:
+            await self._send(tenant, body)
+        else:
+            await bus.submit(tenant, body, f"chaos-{self._seed}-{n}", twice=twice)
 
     def _call(self, n: int, roll: float) -> tuple[str, str, dict[str, Any]]:
         """A valid call's kind, capability and input."""
@@ -231,6 +267,10 @@ class Load:
             self._rng, f"{self._seed}-{n}", capability_id=capability, run_id=run_id
         )
         self.stats.by_kind["hostile_input"] += 1
+        if self._bus is not None and self._doors.random() < BUS_SHARE:
+            event_id = f"chaos-{self._seed}-{n}-hostile"
+            await self._bus.hostile(tenant, event_id, run_id, hostile)
+            return
         try:
             response = await self._clients[tenant].post(
                 "/v1/tool-calls", content=hostile.body, headers={"Content-Type": "application/json"}
@@ -314,32 +354,9 @@ class Load:
         if response.status_code < 300:
             self.stats.runs_stopped += 1
 
-    async def approve_until(self, stop: asyncio.Event, interval: float = 0.5) -> None:
-        """The simulated approvers, one a tenant: each decides every pending approval
-        its tenant is shown, one in five rejected."""
-        while not stop.is_set():
-            for tenant, client in self._clients.items():
-                try:
-                    response = await client.get("/v1/approvals", params={"status": "pending"})
-                    pending = (
-                        response.json().get("approvals", []) if response.status_code == 200 else []
-                    )
-                    for approval in pending:
-                        await self._decide(tenant, approval["approvalId"])
-                except (httpx.HTTPError, ValueError):
-                    pass  # the API is down for a fault; the approvals wait
-            try:
-                await asyncio.wait_for(stop.wait(), interval)
-            except TimeoutError:
-                pass
-
-    async def _decide(self, tenant: str, approval_id: str) -> None:
-        reject = hashlib.sha256(approval_id.encode()).digest()[0] % 5 == 0
-        decision = "reject" if reject else "approve"
-        response = await self._clients[tenant].post(
-            f"/v1/approvals/{approval_id}/decision", json={"decision": decision, "reason": "chaos"}
-        )
-        self.stats.approvals[f"{decision}:{response.status_code}"] += 1
+    async def approve_until(self, stop: asyncio.Event) -> None:
+        """The simulated approvers (:func:`devtools.chaos.approvers.approve_until`)."""
+        await approve_until(self._clients, self.stats.approvals, stop)
 
     async def dead_letters(self, tenant: str) -> list[int] | None:
         """The ids of the dead letters ``tenant``'s API key is shown (None: no answer)."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from devtools.chaos.checker import INVARIANTS
+from devtools.chaos.checker import INVARIANTS, Evidence, explained
+from devtools.chaos.isolation import shared_names
 
 SAMPLES = 10
 """Violations printed per invariant (all are counted)."""
@@ -42,6 +44,9 @@ class ChaosReport:
     """What the tenants shared, and the dead letters (``run._tenancy``)."""
     retention: dict[str, Any] = field(default_factory=dict)
     """The retention job's passes, how they ended, and the calls it archived."""
+    bus: dict[str, Any] = field(default_factory=dict)
+    """What the broker kept of the request records and what bus intake answered
+    (:func:`bus_figures`)."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -79,7 +84,8 @@ class ChaosReport:
             "  " + ", ".join(f"{k} {v}" for k, v in self.infrastructure.items()),
             f"submissions: {s['attempted']} sent, {s['acknowledged']} acknowledged (2xx), "
             f"{s['replays']} replays, {s['runsStopped']} runs stopped",
-            f"  by tenant: {_pairs(s['byTenant'])}; sent by both tenants alike: {s['mirrored']}",
+            f"  by tenant: {_pairs(s['byTenant'])}; by door: {_pairs(s.get('byDoor', {}))};"
+            f" sent by both tenants alike: {s['mirrored']}",
             f"  by kind: {_pairs(s['byKind'])}",
             f"  not acknowledged: {_pairs(s['notAcknowledged']) or 'none'}",
             f"  hostile_input: {_pairs(s['hostile']) or 'none'}; answered other than 4xx:"
@@ -93,6 +99,7 @@ class ChaosReport:
             f"calls taken over from lost workers: {self.taken_over}; outcomes fenced off "
             f"(a zombie's, after its lease was lost): {self.fenced}",
             *self._tenancy_lines(),
+            *self._bus_lines(),
             *self._retention_lines(),
             f"faults injected: {sum(self.faults.values())}",
         ]
@@ -129,6 +136,21 @@ class ChaosReport:
             f" behind them); largest message published: {t['largestPublishedBytes']} bytes",
         ]
 
+    def _bus_lines(self) -> list[str]:
+        b, sent = self.bus, self.submissions.get("bus", {})
+        if not b or not sent:
+            return []
+        return [
+            f"bus intake: {sent['events']} events sent ({sent['sendsAcknowledged']} sends"
+            f" acknowledged, {sent['sendsMaybe']} maybe written; {sent['doubled']} sent twice,"
+            f" {sent['hostile']} hostile); replies the load read: {_pairs(sent['replies'])}",
+            f"  records kept by the broker: {b['recordsKept']} of {b['eventsKept']} events"
+            f" ({b['recordsWithoutId']} without a readable ce_id; not counted:"
+            f" {b['recordsAtAClashingOffset']} at an offset the broker gave twice);"
+            " replies recorded:"
+            f" {_pairs(b['replies']) or 'none'}; refusals by code: {_pairs(b['refusals'])}",
+        ]
+
     def _retention_lines(self) -> list[str]:
         r = self.retention
         if not r:
@@ -141,3 +163,35 @@ class ChaosReport:
 
 def _pairs(counts: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items())
+
+
+def tenancy(evidence: Evidence) -> dict[str, Any]:
+    """What the tenants shared, and what became of the dead letters: what invariants 5
+    and 8 had to bite on."""
+    dead = evidence.dead_letters
+    return {
+        "callsByTenant": dict(sorted(Counter(t for t, _ in evidence.calls).items())),
+        "sharedByTenants": shared_names(evidence.calls.values()),
+        "deadLetters": len(dead),
+        "deadLettersOnPurpose": sum(
+            explained(d, evidence.oversized, evidence.max_message_bytes) for d in dead
+        ),
+        "deadLettersDiscarded": sum(evidence.discarded.get(d.id) == "200" for d in dead),
+        "rowsThatWaitedBehindThem": sum(len(d.waiting) for d in dead),
+        "maxMessageBytes": evidence.max_message_bytes,
+        "largestPublishedBytes": evidence.largest_published,
+    }
+
+
+def bus_figures(evidence: Evidence) -> dict[str, Any]:
+    """What invariant 10 had to bite on: the request records the broker kept, and the
+    replies bus intake recorded, by outcome and refusal code."""
+    answers = evidence.bus_answers
+    return {
+        "recordsKept": sum(evidence.bus_kept.values()),
+        "eventsKept": len(evidence.bus_kept),
+        "recordsWithoutId": evidence.bus_unreadable,
+        "recordsAtAClashingOffset": evidence.bus_clashing,
+        "replies": dict(sorted(Counter(a.outcome for a in answers).items())),
+        "refusals": dict(sorted(Counter(str(a.code) for a in answers if a.code).items())),
+    }

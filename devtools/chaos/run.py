@@ -4,37 +4,37 @@ the invariants, the report."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from devtools.chaos import retention
-from devtools.chaos.checker import INVARIANTS, Evidence, check, explained
+from devtools.chaos import bus_evidence, retention
+from devtools.chaos.checker import INVARIANTS, Evidence, check
 from devtools.chaos.dead_letters import DeadLetterDesk
 from devtools.chaos.diagnose import diagnose
 from devtools.chaos.evidence import gather, unsettled_count
 from devtools.chaos.faults import Injector
 from devtools.chaos.infra import Infrastructure, infrastructure
-from devtools.chaos.isolation import shared_names
 from devtools.chaos.load import MAX_MESSAGE_BYTES, READ_ONLY, TENANTS, Load
 from devtools.chaos.proxy import TcpProxy
-from devtools.chaos.report import ChaosReport
+from devtools.chaos.report import ChaosReport, bus_figures, tenancy
 from devtools.chaos.schedule import FaultKind, PlannedFault, plan
 from devtools.chaos.stack import capabilities_toml, chaos_env
 from devtools.chaos.supervisor import Supervisor
 from devtools.embedded import free_port
 from dispatcher.db.engine import engine_for
-from dispatcher.settings import Settings, environment_without_settings
+from dispatcher.settings import BusSettings, Settings, environment_without_settings
 from dispatcher.topics import ensure_topics
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ class Plant:
     runs instead of the CLI, ``python -m tool_dispatcher``."""
     retention: str | None = None
     """The module the retention passes run instead of the CLI."""
+    bus: str | None = None
+    """The module the bus intake processes run instead of the CLI."""
 
 
 PLANTS = {
@@ -62,9 +64,12 @@ PLANTS = {
     "shared-keys": Plant(None, cli="devtools.chaos.shared_keys"),
     # Calls wait on approvals and escalations from the first seconds: no fault needed.
     "eager-retention": Plant(None, retention="devtools.chaos.eager_retention"),
+    # Killed with a batch in hand, it has committed what it never recorded.
+    "early-commit": Plant(FaultKind.KILL_BUS_INTAKE, bus="devtools.chaos.early_commit"),
 }
 WORKERS = 2
 RELAYS = 2
+BUS_INTAKES = 2
 
 
 @dataclass(frozen=True)
@@ -107,11 +112,21 @@ async def _run(
     # through its own.
     api_keys = {tenant: "tdk_chaos_" + secrets.token_urlsafe(16) for tenant in TENANTS}
     env = _environment(work, infra, api_port, api_keys, options.seed)
-    await _make_topics(infra, env)
+    bus = (await _make_topics(infra, env)).bus
+    routes = bus.routes()
     plant = PLANTS[options.plant] if options.plant else None
     supervisor = _supervisor(work / "logs", env, sandbox_port, plant)
     engine = engine_for(infra.database_url, pool_size=2)
-    load = Load(f"http://127.0.0.1:{api_port}", api_keys, seed=options.seed, rate=options.rate)
+    load = Load(
+        f"http://127.0.0.1:{api_port}",
+        api_keys,
+        seed=options.seed,
+        rate=options.rate,
+        kafka_bootstrap=infra.kafka_bootstrap,
+        request_topics={route.tenant: topic for topic, route in routes.items()},
+    )
+    infra.on_broker_restart.append(load.broker_restarted)
+    caught_up = partial(bus_evidence.caught_up, engine, infra.kafka_bootstrap, routes, bus.group_id)
     desk = DeadLetterDesk(engine, load, oversized=load.stats.oversized, limit=MAX_MESSAGE_BYTES)
     cli = (plant and (plant.retention or plant.cli)) or "tool_dispatcher"
     job = retention.RetentionJob(env, work / "logs", seed=options.seed, cli=cli)
@@ -138,7 +153,7 @@ async def _run(
         await submitting
         await injector.lift_all()
         lifted = time.monotonic()
-        settled = await _settle(engine, options.settle_timeout, desk)
+        settled = await _settle(engine, options.settle_timeout, desk, caught_up)
         done = time.monotonic()
         # Taken at once, while whatever kept the run from settling still holds.
         notes = (
@@ -155,6 +170,7 @@ async def _run(
             retention.archived, env["TOOL_DISPATCHER_ARCHIVE_URL"], TENANTS
         )
         evidence = await _evidence(engine, sandbox_url, load, desk, env, archived)
+        await bus_evidence.join(evidence, engine, infra.kafka_bootstrap, routes, load.stats.bus)
         report = _report(
             options,
             infra,
@@ -236,16 +252,21 @@ async def _last_sweep(desk: DeadLetterDesk) -> list[str]:
     return []
 
 
-async def _make_topics(infra: Infrastructure, env: Mapping[str, str]) -> None:
-    """The run's own topics, named in its environment."""
+async def _make_topics(infra: Infrastructure, env: Mapping[str, str]) -> Settings:
+    """The run's own topics, named in its environment (bus intake's included)."""
     infra.topics = Settings(
         kafka_bootstrap=infra.kafka_bootstrap,
         dispatch_topic=env["TOOL_DISPATCHER_DISPATCH_TOPIC"],
         events_topic=env["TOOL_DISPATCHER_EVENTS_TOPIC"],
         escalations_topic=env["TOOL_DISPATCHER_ESCALATIONS_TOPIC"],
         topic_partitions=int(env["TOOL_DISPATCHER_TOPIC_PARTITIONS"]),
+        bus=BusSettings(
+            topics=json.loads(env["TOOL_DISPATCHER_BUS__TOPICS"]),
+            group_id=env["TOOL_DISPATCHER_BUS__GROUP_ID"],
+        ),
     )
     await ensure_topics(infra.topics)
+    return infra.topics
 
 
 def _report(
@@ -289,32 +310,15 @@ def _report(
         taken_over=evidence.taken_over,
         escalation_reasons=dict(evidence.escalation_reasons),
         fenced=_count_in_logs(work / "logs", "worker-", "not recorded: lease lost"),
-        tenancy=_tenancy(evidence),
+        tenancy=tenancy(evidence),
+        bus=bus_figures(evidence),
     )
-
-
-def _tenancy(evidence: Evidence) -> dict[str, Any]:
-    """What the tenants shared, and what became of the dead letters: what invariants 5
-    and 8 had to bite on."""
-    dead = evidence.dead_letters
-    return {
-        "callsByTenant": dict(sorted(Counter(t for t, _ in evidence.calls).items())),
-        "sharedByTenants": shared_names(evidence.calls.values()),
-        "deadLetters": len(dead),
-        "deadLettersOnPurpose": sum(
-            explained(d, evidence.oversized, evidence.max_message_bytes) for d in dead
-        ),
-        "deadLettersDiscarded": sum(evidence.discarded.get(d.id) == "200" for d in dead),
-        "rowsThatWaitedBehindThem": sum(len(d.waiting) for d in dead),
-        "maxMessageBytes": evidence.max_message_bytes,
-        "largestPublishedBytes": evidence.largest_published,
-    }
 
 
 def _supervisor(
     logs: Path, env: dict[str, str], sandbox_port: int, plant: Plant | None
 ) -> Supervisor:
-    """The run's processes: the sandbox, the API, workers, relays and the reconciler."""
+    """The run's processes: sandbox, API, workers, relays, reconciler and bus intake."""
     supervisor = Supervisor(logs, env)
     sandbox = ["-m", "devtools", "sandbox", "--port", str(sandbox_port)]
     supervisor.add("sandbox", "sandbox", sandbox)
@@ -326,6 +330,11 @@ def _supervisor(
     for i in range(RELAYS):
         supervisor.add(f"relay-{i}", "relay", [*cli, "relay"])
     supervisor.add("reconciler", "reconciler", [*cli, "reconcile"])
+    bus = ["-m", plant.bus, "bus-intake"] if plant and plant.bus else [*cli, "bus-intake"]
+    for i in range(BUS_INTAKES):
+        # Both on bus intake's default ops port: the second finds it taken and runs
+        # without ops endpoints (a default port is not required), as a second worker does.
+        supervisor.add(f"bus-intake-{i}", "bus-intake", bus)
     return supervisor
 
 
@@ -360,20 +369,27 @@ async def _ready(*urls: str, within: float = 60.0) -> None:
                 await asyncio.sleep(0.2)
 
 
-async def _settle(engine: AsyncEngine, within: float, desk: DeadLetterDesk) -> bool:
-    """Wait until every call is settled and the outbox is drained, or ``within`` s.
-    Meanwhile each tenant handles its dead letters (the desk's sweep), so that rows
-    waiting behind one the run made on purpose flow again."""
-    deadline = time.monotonic() + within
+async def _settle(
+    engine: AsyncEngine, within: float, desk: DeadLetterDesk, bus: Callable[[], Awaitable[bool]]
+) -> bool:
+    """Wait until bus intake has dealt with every request record, every call is settled
+    and the outbox is drained, or ``within`` s. Meanwhile each tenant handles its dead
+    letters (the desk's sweep), so that rows waiting behind one the run made on purpose
+    flow again."""
+    deadline, caught_up = time.monotonic() + within, False
     while True:
         try:
+            # Bus intake first: what it records now is counted below.
+            caught_up = await bus()
             calls, rows = await unsettled_count(engine)
-            if calls == 0 and rows == 0:
+            if caught_up and calls == 0 and rows == 0:
                 return True
             await desk.sweep()
         except Exception:  # the database just came back; ask again
             log.exception("settle check failed")
         if time.monotonic() > deadline:
+            if not caught_up:
+                log.warning("not settled: bus intake had not dealt with every request record")
             return False
         await asyncio.sleep(0.5)
 

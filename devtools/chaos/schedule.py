@@ -18,6 +18,9 @@ class FaultKind(StrEnum):
     KILL_RELAY = "kill_relay"
     KILL_RECONCILER = "kill_reconciler"
     KILL_API = "kill_api"
+    KILL_BUS_INTAKE = "kill_bus_intake"
+    """kill -9 of a bus intake process, caught with a batch in hand when one comes
+    (:meth:`devtools.chaos.faults.Injector.kill_mid_batch`)."""
     BROKER_RESTART = "broker_restart"
     """kill -9 of the broker; the one started after it remembers nothing."""
     PG_TERMINATE = "pg_terminate"
@@ -47,6 +50,7 @@ KILLS = {
     FaultKind.KILL_RELAY: "relay",
     FaultKind.KILL_RECONCILER: "reconciler",
     FaultKind.KILL_API: "api",
+    FaultKind.KILL_BUS_INTAKE: "bus-intake",
 }
 """Kill faults and the role whose process they hit."""
 

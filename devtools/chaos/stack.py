@@ -17,6 +17,7 @@ from devtools.chaos.load import (
     READ_ONLY_KEYS,
     SIDE_EFFECT_KEYS,
     SIDE_EFFECTS,
+    TENANTS,
 )
 from devtools.chaos.retention import WINDOW_SECONDS
 from dispatcher.settings import hash_api_key
@@ -67,13 +68,20 @@ def capabilities_toml(proxy_url: str, sandbox_url: str) -> str:
     )
 
 
+def request_topics(tag: str) -> dict[str, str]:
+    """Bus intake's request topic of each tenant of the load (tenant -> topic); a topic's
+    name may not hold the twin tenant's ``/``."""
+    return {tenant: f"chaos-{tag}.requests.{tenant.replace('/', '-')}" for tenant in TENANTS}
+
+
 def chaos_env(
     work: Path, infra: Infrastructure, *, api_port: int, api_keys: Mapping[str, str], tag: str
 ) -> dict[str, str]:
     """The service's settings for every process of the run: one API key a tenant
-    (``api_keys``: tenant -> key), small pools (the machine may be small and its
-    database shared), short leases and intervals (so the run settles quickly after its
-    last fault), and a relay that refuses messages over the load's limit."""
+    (``api_keys``: tenant -> key), one request topic a tenant for bus intake, small
+    pools (the machine may be small and its database shared), short leases and
+    intervals (so the run settles quickly after its last fault), and a relay that
+    refuses messages over the load's limit."""
     return {
         "TOOL_DISPATCHER_DATABASE_URL": infra.database_url,
         "TOOL_DISPATCHER_KAFKA_BOOTSTRAP": infra.kafka_bootstrap,
@@ -92,6 +100,10 @@ def chaos_env(
         "TOOL_DISPATCHER_EVENTS_TOPIC": f"chaos-events-{tag}",
         "TOOL_DISPATCHER_ESCALATIONS_TOPIC": f"chaos-escalations-{tag}",
         "TOOL_DISPATCHER_WORKER_GROUP_ID": f"chaos-workers-{tag}",
+        "TOOL_DISPATCHER_BUS__TOPICS": json.dumps(
+            {topic: tenant for tenant, topic in request_topics(tag).items()}
+        ),
+        "TOOL_DISPATCHER_BUS__GROUP_ID": f"chaos-bus-{tag}",
         "TOOL_DISPATCHER_TOPIC_PARTITIONS": "8",
         "TOOL_DISPATCHER_DB_POOL_SIZE": "3",
         "TOOL_DISPATCHER_WORKER_BATCH_SIZE": "16",

@@ -19,6 +19,10 @@ class Ack:
     """The request body, so a replay sends exactly the same."""
     at: float = 0.0
     """When it was acknowledged (the event loop's clock)."""
+    door: str = "http"
+    """``http``, or ``bus`` for an ``accepted`` reply to a request record (its
+    ``http_status`` is then 0: a :class:`~dispatcher.client.bus.BusReply` does not say
+    whether the record created the call)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +30,34 @@ class ReplayMismatch:
     original: str
     answered: str | None
     http_status: int
+
+
+@dataclass
+class BusStats:
+    """What the load sent through bus intake, by event id (each record's ``ce_id``)."""
+
+    sent_acked: Counter[str] = field(default_factory=Counter)
+    """Sends of each event the broker acknowledged."""
+    sent_maybe: Counter[str] = field(default_factory=Counter)
+    """Sends of each event that failed without knowing (a timeout, a broker away): the
+    record may have been written all the same."""
+    hostile: set[str] = field(default_factory=set)
+    """The events sent with a hostile body (devtools.hostile): never to be accepted."""
+    doubled: int = 0
+    """Events sent twice, as a producer retrying after a timeout does."""
+    replies: Counter[str] = field(default_factory=Counter)
+    """The first reply the load read to each event, by outcome (``none`` when it read
+    none in time)."""
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "events": len(self.sent_acked.keys() | self.sent_maybe.keys()),
+            "sendsAcknowledged": sum(self.sent_acked.values()),
+            "sendsMaybe": sum(self.sent_maybe.values()),
+            "doubled": self.doubled,
+            "hostile": len(self.hostile),
+            "replies": dict(sorted(self.replies.items())),
+        }
 
 
 @dataclass
@@ -54,12 +86,14 @@ class LoadStats:
     """``(tenant, runId)`` of every run a tenant asked to stop (answered or not)."""
     foreign_refusals: list[str] = field(default_factory=list)
     """Submissions refused as ``run_stopped`` for a run their tenant never stopped."""
+    bus: BusStats = field(default_factory=BusStats)
 
     def summary(self) -> dict[str, Any]:
         return {
             "attempted": self.attempted,
             "acknowledged": len(self.acks),
             "byTenant": dict(sorted(Counter(a.tenant for a in self.acks).items())),
+            "byDoor": dict(sorted(Counter(a.door for a in self.acks).items())),
             "byKind": dict(sorted(self.by_kind.items())),
             "mirrored": self.mirrored,
             "replays": self.replays,
@@ -70,4 +104,5 @@ class LoadStats:
             "hostile": dict(sorted(self.hostile.items())),
             "hostileMisanswered": len(self.hostile_misanswered),
             "validRefused": len(self.valid_refused),
+            "bus": self.bus.summary(),
         }

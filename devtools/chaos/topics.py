@@ -9,7 +9,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from dispatcher.settings import Settings
-from dispatcher.topics import ensure_topics
+from dispatcher.topics import ensure_topics, wanted_topics
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ async def restore_topics(settings: Settings, attempts: int = 20) -> None:
     """
     if settings.kafka_bootstrap is None:
         raise ValueError("no Kafka configured (TOOL_DISPATCHER_KAFKA_BOOTSTRAP)")
-    wanted = [settings.dispatch_topic, settings.events_topic, settings.escalations_topic]
+    wanted = wanted_topics(settings)
     for _ in range(attempts):
         await ensure_topics(settings)
         admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)

@@ -14,6 +14,9 @@ off on purpose must fail on the invariant that guards it.
 - ``eager-retention``: the retention job archives and removes calls that can still move
   (escalated, with their escalations open); invariant 9 (retention archives a call
   once, only when it is finished, and nothing moves after).
+- ``early-commit``: bus intake commits each fetched batch's offsets to Kafka before it
+  records the batch, so a process killed mid-batch leaves records no one fetches again;
+  invariant 10 (every request record the broker kept is answered once).
 
 (The clean run is CI's: `python -m devtools chaos --duration 90 --seed 7`.)"""
 
@@ -112,3 +115,16 @@ def test_eager_retention_is_reported_as_calls_archived_before_they_finished(
     assert eager["count"] > 0, printed
     assert any("archived while escalated" in v for v in eager["samples"]), eager
     assert found["retention"]["archivedCalls"] > 0
+
+
+def test_early_commit_is_reported_as_records_never_answered(
+    tmp_path: Path, pg_server_url: str, kafka_bootstrap: str
+) -> None:
+    # The run leads with a bus intake process killed while a batch it fetched (and,
+    # planted, committed) waits at its first statement on a locked bus_offsets.
+    found, printed = planted_run(tmp_path, pg_server_url, kafka_bootstrap, "early-commit", 20)
+    assert found["faults"].get("kill_bus_intake", 0) >= 1
+    assert any("(mid-batch)" in f["target"] for f in found["fault_log"]), printed
+    lost = found["violations"]["10"]
+    assert lost["count"] > 0, printed
+    assert all(v.endswith("a record never answered") for v in lost["samples"]), lost

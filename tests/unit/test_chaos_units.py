@@ -14,8 +14,10 @@ import pytest
 
 import devtools.__main__ as dev
 from devtools.chaos import run
+from devtools.chaos.bus_evidence import tally
 from devtools.chaos.checker import (
     SIZE_ERROR,
+    BusAnswer,
     CallRecord,
     DeadLetterSeen,
     Evidence,
@@ -167,7 +169,7 @@ def counts(evidence: Evidence) -> dict[int, int]:
 
 
 def test_a_clean_run_has_no_violations() -> None:
-    assert counts(clean()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0}
+    assert counts(clean()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0, 10: 0}
 
 
 def test_lost_submission_and_replay_mismatch_violate_1() -> None:
@@ -181,7 +183,7 @@ def test_a_hostile_submission_not_refused_or_a_valid_one_refused_violates_6() ->
     evidence = clean()
     evidence.hostile_misanswered = ["nul_in_input b'{...}': 503 service_unavailable"]
     evidence.valid_refused = ['{"runId": ...}: 400 validation_failed']
-    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 2, 7: 0, 8: 0, 9: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 2, 7: 0, 8: 0, 9: 0, 10: 0}
 
 
 def test_stuck_calls_violate_2() -> None:
@@ -189,7 +191,7 @@ def test_stuck_calls_violate_2() -> None:
     evidence.calls = {("t", "a"): call("a", S.RESULT_UNKNOWN)}
     evidence.events = [*completed_log("a")[:3], event("a", "x", 9, to="result_unknown")]
     evidence.effects = {}
-    assert counts(evidence) == {1: 0, 2: 1, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0}
+    assert counts(evidence) == {1: 0, 2: 1, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0, 10: 0}
 
 
 @pytest.mark.parametrize(
@@ -211,7 +213,7 @@ def test_effects_that_disagree_with_the_status_violate_3(
     evidence.events = [*completed_log("a")[:3], event("a", "x", 9, to=status.value)]
     evidence.effects = {"k-a": effects}
     evidence.reversals = {"k-a": reversals}
-    assert counts(evidence) == {1: 0, 2: 0, 3: 1, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 1, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0, 10: 0}
 
 
 def test_effect_under_a_key_no_call_has_violates_3() -> None:
@@ -233,7 +235,7 @@ def test_read_only_calls_are_only_checked_for_duplicates() -> None:
 def test_status_the_log_does_not_reproduce_violates_4() -> None:
     evidence = clean()
     evidence.events = completed_log("a")[:3]
-    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 1, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 1, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0, 10: 0}
 
 
 def test_unpublished_rows_and_dead_letters_violate_5() -> None:
@@ -332,7 +334,7 @@ def twins(**changed: Any) -> Evidence:
 
 
 def test_tenants_whose_names_meet_kept_apart_keep_8() -> None:
-    assert counts(twins()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0}
+    assert counts(twins()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0, 10: 0}
 
 
 def test_one_provider_key_for_calls_of_two_tenants_violates_8() -> None:
@@ -418,7 +420,7 @@ def test_a_claim_taken_over_and_ended_by_its_new_holder_keeps_7() -> None:
     assert unfenced(log) == []
     evidence = clean()
     evidence.events = log
-    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0, 10: 0}
 
 
 def test_a_stale_write_after_another_workers_claim_violates_7() -> None:
@@ -432,7 +434,7 @@ def test_a_stale_write_after_another_workers_claim_violates_7() -> None:
         ended("a", 5, "w-1", 3),  # w-1 woke up; w-2's own answer is fenced out after it
         event("a", "tool.call.completed", 6, **{"from": ["accepted"]}, to="completed"),
     ]
-    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 1, 8: 0, 9: 0}
+    assert counts(evidence) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 1, 8: 0, 9: 0, 10: 0}
     [found] = check(evidence)[7]
     assert "by w-1 for its claim at version 3" in found and "held by w-2 at version 5" in found
 
@@ -475,6 +477,94 @@ def test_an_outcome_with_no_claim_or_a_takeover_of_none_violates_7() -> None:
     assert unfenced(log) == ["a: tool.call.accepted by w-1 for its claim at version 3, "
                              "while the call was held by no claim"]  # fmt: skip
     assert len(unfenced([*completed_log("b")[:2], taken_over("b", 2, "w-1", 3)])) == 1
+
+
+def answer(event_id: str, call_id: str | None = "a", code: str | None = None) -> BusAnswer:
+    if code is not None:
+        return BusAnswer(event_id, "t", "refused", None, code)
+    return BusAnswer(event_id, "t", "accepted", call_id)
+
+
+def bus_clean() -> Evidence:
+    """Call ``a`` submitted over the bus, its event sent twice (two records, both
+    answered with it), and a hostile record refused."""
+    evidence = clean()
+    evidence.bus_kept = {"e-1": 2, "e-h": 1}
+    evidence.bus_sent_acked = {"e-1": 2, "e-h": 1}
+    evidence.bus_answers = [answer("e-1"), answer("e-1"), answer("e-h", code="validation_failed")]
+    evidence.bus_hostile = {"e-h"}
+    return evidence
+
+
+def test_request_records_each_answered_once_keep_10() -> None:
+    assert counts(bus_clean()) == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0, 9: 0, 10: 0}
+    # A record the broker forgot in a restart after it was answered, or a send that
+    # failed without knowing: answered, not kept, within what was sent.
+    evidence = bus_clean()
+    evidence.bus_kept = {"e-h": 1}
+    evidence.bus_sent_acked = {"e-1": 1, "e-h": 1}
+    evidence.bus_sent_maybe = {"e-1": 1}
+    assert check(evidence)[10] == []
+    # One send that made two records (a producer's retry of its batch): both answered.
+    evidence = bus_clean()
+    evidence.bus_sent_acked = {"e-1": 1, "e-h": 1}
+    assert check(evidence)[10] == []
+
+
+def test_a_kept_record_never_answered_violates_10() -> None:
+    evidence = bus_clean()
+    evidence.bus_kept = {"e-1": 2, "e-h": 1, "e-lost": 1}
+    evidence.bus_sent_acked = {**evidence.bus_sent_acked, "e-lost": 1}
+    evidence.bus_answers = [*evidence.bus_answers[1:]]
+    assert check(evidence)[10] == [
+        "event e-1: 2 record(s) kept, 1 answered: a record never answered",
+        "event e-lost: 1 record(s) kept, 0 answered: a record never answered",
+    ]
+
+
+def test_a_record_answered_twice_violates_10() -> None:
+    evidence = bus_clean()
+    evidence.bus_answers = [*evidence.bus_answers, answer("e-1"), answer("e-stray")]
+    assert check(evidence)[10] == [
+        "event e-1: 2 record(s) kept, 3 answered, 2 sent: a record answered twice",
+        "event e-stray: 0 record(s) kept, 1 answered, 0 sent: a record answered twice",
+    ]
+
+
+def test_one_event_accepted_as_two_calls_or_as_no_call_violates_10() -> None:
+    evidence = bus_clean()
+    evidence.calls = {**evidence.calls, ("t", "b"): call("b", S.COMPLETED)}
+    evidence.bus_answers = [answer("e-1"), answer("e-1", "b"), *evidence.bus_answers[2:]]
+    assert check(evidence)[10] == [
+        "event e-1: 2 record(s) kept, 2 answered: accepted as 2 calls (a, b)"
+    ]
+    evidence.bus_answers = [
+        answer("e-1"),
+        answer("e-1"),
+        answer("e-h", code="x"),
+        answer("e-2", "gone"),
+    ]
+    evidence.bus_kept = {**evidence.bus_kept, "e-2": 1}
+    assert check(evidence)[10] == [
+        "event e-2: 1 record(s) kept, 1 answered: accepted as t/gone, which is no call of the run"
+    ]
+
+
+def test_a_hostile_record_accepted_violates_10() -> None:
+    evidence = bus_clean()
+    evidence.bus_answers = [*evidence.bus_answers[:2], answer("e-h")]
+    assert check(evidence)[10] == [
+        "event e-h: 1 record(s) kept, 1 answered: a hostile record accepted as a"
+    ]
+
+
+def test_request_records_at_an_offset_the_broker_gave_twice_are_counted_apart() -> None:
+    kept = tally(
+        [("t", 0, 0, "e-1"), ("t", 0, 1, None), ("t", 0, 2, "e-1"), ("t", 0, 2, "e-2"),
+         ("t", 1, 2, "e-3")]
+    )  # fmt: skip
+    assert kept.by_event == {"e-1": 1, "e-3": 1}
+    assert (kept.unreadable, kept.clashing) == (1, 2)
 
 
 async def echo_server() -> asyncio.Server:
