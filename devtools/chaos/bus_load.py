@@ -197,7 +197,9 @@ class BusDoor:
             return  # nothing read, nothing promised (invariant 10 judges the record)
         if reply.outcome == "accepted" and reply.tool_call_id:
             at = asyncio.get_running_loop().time()
-            self._stats.acks.append(Ack(tenant, reply.tool_call_id, 0, text, at, door="bus"))
+            # As HTTP would have answered: 201 made the call, 200 replayed it.
+            status = 201 if reply.created else 200
+            self._stats.acks.append(Ack(tenant, reply.tool_call_id, status, text, at, door="bus"))
             if twice:
                 self._doubled.append((tenant, event_id, reply.tool_call_id))
             return

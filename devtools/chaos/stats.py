@@ -21,8 +21,8 @@ class Ack:
     """When it was acknowledged (the event loop's clock)."""
     door: str = "http"
     """``http``, or ``bus`` for an ``accepted`` reply to a request record (its
-    ``http_status`` is then 0: a :class:`~dispatcher.client.bus.BusReply` does not say
-    whether the record created the call)."""
+    ``http_status`` is then what HTTP would have said: 201 if the record made the call,
+    200 if it replayed one)."""
 
 
 @dataclass(frozen=True, slots=True)
