@@ -41,7 +41,7 @@ def test_a_pause_holds_its_scope_and_a_resume_lifts_it(
     assert again.stdout.strip() == "unchanged: already paused"
     acme = cli(env, "list", "--tenant", "acme").stdout
     assert acme.startswith("refund paused waiting=0 (this tenant since ")
-    assert "by a: 'provider down'" in acme
+    assert "by ana: 'provider down'" in acme
     assert cli(env, "list", "--tenant", "globex").stdout.strip() == "refund active waiting=0"
 
     assert cli(env, "pause", "refund", "--every-tenant", "--reason", "all down").returncode == 0

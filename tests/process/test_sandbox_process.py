@@ -77,6 +77,9 @@ async def test_the_command_serves_until_sigterm() -> None:
         "devtools.sandbox",
         "--port",
         str(port),
+        # No ops endpoints (0): the default port may be held by another test's sandbox.
+        "--ops-port",
+        "0",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
