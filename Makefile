@@ -28,7 +28,7 @@ up: $(VENV)/.installed-demo
 	$(BIN)/python -m devtools up
 
 test: $(VENV)/.installed-test
-	$(BIN)/pytest -q -n 3
+	$(BIN)/pytest -q -n 4
 
 lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check .
