@@ -40,6 +40,7 @@ FOLDERS = (
     "process",
     "console",
     "deploy",
+    "webhooks",
 )
 # Fixtures that reach a server outside the test's own process.
 SERVICES = {"pg_server_url", "kafka_bootstrap"}

@@ -116,3 +116,16 @@ BUS_PAUSED = Gauge(
     "Request partitions paused by bus intake, by reason (database, rate_limited)",
     ["reason"],
 )
+
+# Webhooks (dispatcher.webhooks): ``event`` is one of the seven event types, ``result``
+# delivered (2xx), failed (an attempt to be retried) or dead (its attempts ran out).
+WEBHOOK_ATTEMPTS = Counter(
+    "tool_dispatcher_webhook_attempts_total",
+    "Webhook delivery attempts by event type and result (delivered, failed, dead)",
+    ["event", "result"],
+)
+WEBHOOK_NOTIFICATIONS = Counter(
+    "tool_dispatcher_webhook_notifications_total",
+    "Webhook notifications fanned out, by event type (deliveries: one per subscriber)",
+    ["event"],
+)

@@ -33,6 +33,7 @@ DEFAULT_PORTS = {
     "reconciler": 8783,
     "approvals": 8784,
     "bus-intake": 8786,
+    "webhooks": 8787,
 }
 SANDBOX_PORT = 8785
 # A check slower than this counts as failed: a probe must answer within its own timeout.

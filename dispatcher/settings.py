@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dispatcher.webhook_settings import WebhookSettings
+
 # admin: commands over every tenant (a capability paused for all); never a default.
 Scope = Literal["submit", "read", "approve", "operate", "admin"]
 # The event loop of every long-running process (dispatcher.runtime).
@@ -311,6 +313,8 @@ class Settings(BaseSettings):
 
     relay: RelaySettings = Field(default_factory=RelaySettings)
     bus: BusSettings = Field(default_factory=BusSettings)
+    # Webhook subscriptions and their sender (docs/webhooks.md).
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
 
     dispatch_topic: str = DEFAULT_TOPICS.dispatch
     events_topic: str = DEFAULT_TOPICS.events

@@ -206,3 +206,39 @@ def check_approval_transition(current: ApprovalStatus, target: ApprovalStatus) -
 def check_escalation_transition(current: EscalationStatus, target: EscalationStatus) -> None:
     """Raise :class:`IllegalTransition` unless an escalation may move ``current -> target``."""
     _check(ESCALATION_TRANSITIONS, "an escalation", current, target)
+
+
+def breaker_sources(target: BreakerState) -> list[str]:
+    """The breaker states a conditional UPDATE may move to ``target`` from."""
+    return [s.value for s, targets in BREAKER_TRANSITIONS.items() if target in targets]
+
+
+def operation_sources(target: OperationState) -> list[str]:
+    """The operation states a conditional UPDATE may move to ``target`` from."""
+    return [s.value for s, targets in OPERATION_TRANSITIONS.items() if target in targets]
+
+
+class WebhookDeliveryStatus(StrEnum):
+    """One notification on its way to one webhook subscription (``webhook_deliveries``).
+    A delivery the receiver accepted (2xx) is deleted in the statement that learns it:
+    the table keeps the live set and the dead, never the history of what was sent."""
+
+    PENDING = "pending"
+    """Not yet accepted by the receiver: due at ``next_attempt_at`` (or leased by a sender)."""
+    DEAD = "dead"
+    """Its attempts ran out; an operator may send it again (it goes back to pending)."""
+
+
+WEBHOOK_DELIVERY_TRANSITIONS: dict[WebhookDeliveryStatus, frozenset[WebhookDeliveryStatus]] = {
+    # pending -> pending: a failed attempt, due again after its backoff.
+    WebhookDeliveryStatus.PENDING: frozenset(
+        {WebhookDeliveryStatus.PENDING, WebhookDeliveryStatus.DEAD}
+    ),
+    # dead -> pending: an operator's redeliver.
+    WebhookDeliveryStatus.DEAD: frozenset({WebhookDeliveryStatus.PENDING}),
+}
+
+
+def webhook_delivery_sources(target: WebhookDeliveryStatus) -> list[str]:
+    """The delivery statuses a conditional UPDATE may move to ``target`` from."""
+    return [s.value for s, to in WEBHOOK_DELIVERY_TRANSITIONS.items() if target in to]

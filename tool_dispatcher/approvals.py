@@ -1,7 +1,9 @@
 """`tool-dispatcher approvals expire [--once]`: the approval expiry sweeper.
 
-Each pass closes every pending approval past its expiry (``approval.expired``; the
-call is cancelled), a bounded batch per transaction. ``--once`` makes one pass and
+Each pass tells webhook subscribers of the pending approvals about to expire
+(``approval.expiring``, once each, ``webhooks.expiring_within_seconds`` ahead), then
+closes every pending approval past its expiry (``approval.expired``; the call is
+cancelled), a bounded batch per transaction. ``--once`` makes one pass and
 exits (for cron); without it, a pass every ``--interval`` seconds until SIGTERM or
 SIGINT, surviving a pass that fails (the database away: logged, counted, tried again
 after a backoff). A missing database setting exits 2 with one line on stderr.
@@ -21,6 +23,7 @@ from dispatcher.control.approvals import expire_due
 from dispatcher.db.engine import create_engine, session_factory
 from dispatcher.db.errors import DbErrorClass, classify
 from dispatcher.settings import Settings, Topics
+from dispatcher.webhooks.sweeps import report_expiring
 from kit.cli import OneLineArgumentParser, fail
 from kit.periodic import periodic
 from kit.signals import stop_on_signals
@@ -61,9 +64,20 @@ LOOP = "approval_expiry"
 
 
 async def expire_all(
-    sessions: async_sessionmaker[AsyncSession], *, topics: Topics, batch: int = 500
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    topics: Topics,
+    batch: int = 500,
+    expiring_within: float | None = None,
 ) -> list[str]:
-    """One sweep: every approval due now, a batch per transaction."""
+    """One sweep: every approval due now, a batch per transaction; first, when
+    ``expiring_within`` is given, ``approval.expiring`` for those about to expire."""
+    if expiring_within is not None:
+        while True:
+            async with sessions() as session, session.begin():
+                told = await report_expiring(session, within=expiring_within, limit=batch)
+            if told < batch:
+                break
     closed: list[str] = []
     while True:
         async with sessions() as session, session.begin():
@@ -78,7 +92,10 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         engine = create_engine(settings)
         try:
             closed = await expire_all(
-                session_factory(engine), topics=settings.topics(), batch=args.batch
+                session_factory(engine),
+                topics=settings.topics(),
+                batch=args.batch,
+                expiring_within=settings.webhooks.expiring_within_seconds,
             )
         finally:
             await engine.dispose()
@@ -114,7 +131,12 @@ async def sweep_until(
     sessions = session_factory(engine)
 
     async def sweep() -> None:
-        closed = await expire_all(sessions, topics=settings.topics(), batch=batch)
+        closed = await expire_all(
+            sessions,
+            topics=settings.topics(),
+            batch=batch,
+            expiring_within=settings.webhooks.expiring_within_seconds,
+        )
         if echo:
             print(f"expired: {len(closed)}", flush=True)
 

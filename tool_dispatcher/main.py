@@ -33,6 +33,7 @@ from tool_dispatcher import (
     reconcile,
     retention,
     runs,
+    webhooks,
 )
 from tool_dispatcher.ops_server import process_ops
 from tool_dispatcher.parsing import require_registry
@@ -50,6 +51,7 @@ TRACED = {
     "reconcile": "reconciler",
     "approvals": "approvals",
     "recover": "recovery",
+    "webhooks": "webhooks",
 }
 
 

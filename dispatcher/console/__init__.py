@@ -19,6 +19,7 @@ from dispatcher.console import (
     overview,
     runs,
     signin,
+    webhooks,
 )
 from dispatcher.console.web import Console
 from dispatcher.control.principals import Keyring

@@ -38,6 +38,8 @@ from dispatcher.states import EscalationStatus, ReconciliationStatus, Verificati
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.tenancy import stored_provider_key
 from dispatcher.views.queries import events_of_call
+from dispatcher.webhooks import notify
+from dispatcher.webhooks.events import ESCALATION_OPENED
 
 
 def resolution_commands(escalation_id: str) -> dict[str, list[str]]:
@@ -126,9 +128,24 @@ async def escalate(
     ).one()
     view = EscalationView.of(stored._mapping)
     await _publish(session, view, EscalationMessage.OPENED, producer, topics)
+    # The same transaction: subscribers hear of it exactly when it exists.
+    await notify(session, event_type=ESCALATION_OPENED, tenant=view.tenant, data=_told(view, call))
     # In the caller's transaction, as the transitions are (see count_moves).
     ESCALATIONS_OPENED.labels(call["capability_id"]).inc()
     return view
+
+
+def _told(view: EscalationView, call: Mapping[Any, Any]) -> dict[str, Any]:
+    """What a webhook receiver is told of an opened escalation: ids and the reason; never
+    the evidence, which holds the call's input."""
+    return {
+        "escalationId": view.escalation_id,
+        "toolCallId": view.tool_call_id,
+        "runId": call["run_id"],
+        "capabilityId": call["capability_id"],
+        "episode": view.episode,
+        "reason": view.reason,
+    }
 
 
 async def _evidence(

@@ -8,9 +8,11 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from dispatcher.intake.statement import PAIRS, CallerTransaction, pairs
+from dispatcher.intake.statement import PAIRS, CallerTransaction, jsonb, pairs
 from dispatcher.schemas import ApprovalRef
 from dispatcher.states import ApprovalStatus
+from dispatcher.webhooks.events import APPROVAL_PENDING, approval_data
+from dispatcher.webhooks.notify import NOTIFY_MANY, notification_rows
 
 
 def asked_approval(approval: dict[str, Any] | None) -> ApprovalRef | None:
@@ -48,3 +50,11 @@ async def approval_ref(session: AsyncSession, tenant: str, tool_call_id: str) ->
     """The recorded approval of one call, if it has one."""
     refs = await recorded_approvals(await CallerTransaction.of(session), [(tenant, tool_call_id)])
     return refs.get((tenant, tool_call_id))
+
+
+async def notify_pending(tx: CallerTransaction, asked: list[dict[str, Any]]) -> None:
+    """``approval.pending`` for each approval intake just wrote, in its transaction (one
+    statement for the batch, none when it asked for no approval)."""
+    if asked:
+        rows = notification_rows(APPROVAL_PENDING, [(a["tenant"], approval_data(a)) for a in asked])
+        await tx.rows(NOTIFY_MANY, {"notifications": jsonb(rows)})

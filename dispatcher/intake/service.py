@@ -28,7 +28,7 @@ from dispatcher.errors import (
     ValidationFailed,
 )
 from dispatcher.ids import time_ordered_uuid
-from dispatcher.intake.approvals import asked_approval, recorded_approvals
+from dispatcher.intake.approvals import asked_approval, notify_pending, recorded_approvals
 from dispatcher.intake.keys import default_key, fingerprint, fingerprint_column, same_request
 from dispatcher.intake.plan import VIA_LIBRARY, Prepared, plan_created
 from dispatcher.intake.statement import (
@@ -165,6 +165,8 @@ async def record_prepared(
         }
         # By (tenant, toolCallId): two tenants may use one toolCallId in one batch.
         asked = {(a["tenant"], a["tool_call_id"]): a for a in approvals}
+        # The approvals of the calls created (a replayed call's was told before).
+        await notify_pending(tx, [a for key, a in asked.items() if key in inserted])
         for i in fresh:
             row = inserted.get((prepared[i].tenant, prepared[i].values["tool_call_id"]))
             if row is None:

@@ -94,6 +94,7 @@ async def test_a_read_only_key_sees_no_actions_and_its_forged_posts_are_refused(
         f"/console/runs/{run_id}",
         "/console/runs",
         "/console/outbox",
+        "/console/webhooks",
         "/console/overview",
     ):
         await page.goto(path)

@@ -17,6 +17,7 @@ NAV = {
     "Runs": "/console/runs",
     "Overview": "/console/overview",
     "Outbox": "/console/outbox",
+    "Webhooks": "/console/webhooks",
 }
 
 

@@ -16,6 +16,7 @@ from dispatcher.states import (
     ExecutionStatus,
     ReconciliationStatus,
     VerificationStatus,
+    WebhookDeliveryStatus,
 )
 
 pytestmark = pytest.mark.postgres
@@ -27,6 +28,7 @@ STATUS_COLUMNS: dict[tuple[str, str], type[StrEnum]] = {
     ("approvals", "status"): ApprovalStatus,
     ("escalations", "status"): EscalationStatus,
     ("capability_states", "status"): CapabilityStatus,
+    ("webhook_deliveries", "status"): WebhookDeliveryStatus,
 }
 # Every value of every status enum, and a few near misses.
 CANDIDATES = sorted(

@@ -59,7 +59,7 @@ def test_the_catalogue_parses_and_names_each_metric_once() -> None:
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
     assert {e.process for e in entries} == {
         "Every process", "API", "Worker", "Bus intake", "Relay", "Reconciler",
-        "Approvals sweeper", "Retention",
+        "Approvals sweeper", "Webhook sender", "Retention",
     }  # fmt: skip
     # A row the parser would drop (a wrong number of cells) is no metric of it.
     assert len(entries) >= 30
