@@ -5,11 +5,14 @@ PostgreSQL, broker and sandbox provider.
 
 What the test supplies, and nothing more:
 - the Secrets' values: the database URL (a fresh, empty database), an API key's hash,
-  the console secret, a provider credential file per capability id;
-- the files the pods mount (the ConfigMap's capabilities.toml, the credential Secret,
-  the /tmp emptyDir) as directories of its own: every setting naming a path under a
-  mount path (TOOL_DISPATCHER_CAPABILITIES_FILE, TOOL_DISPATCHER_PROVIDER_SECRETS_DIR,
-  TOOL_DISPATCHER_STATE_DIR) is mapped to the same path in its copy;
+  the console secret, a provider credential file per capability id, a webhook signing
+  secret per subscription of webhooks.json;
+- the files the pods mount (the ConfigMaps' capabilities.toml and webhooks.json, the
+  credential and signing-secret Secrets, the /tmp emptyDir) as directories of its own:
+  every setting naming a path under a mount path (TOOL_DISPATCHER_CAPABILITIES_FILE,
+  TOOL_DISPATCHER_PROVIDER_SECRETS_DIR, TOOL_DISPATCHER_WEBHOOKS__SUBSCRIPTIONS_FILE,
+  TOOL_DISPATCHER_WEBHOOKS__SECRETS_DIR, TOOL_DISPATCHER_STATE_DIR) is mapped to the
+  same path in its copy;
 - addresses on 127.0.0.1 in place of the cluster's names: TOOL_DISPATCHER_KAFKA_BOOTSTRAP
   (which must name the overlay's Strimzi bootstrap service) becomes the test broker's,
   and the provider origin in capabilities.toml becomes the sandbox's (the sandbox serves
@@ -33,6 +36,7 @@ that every TOOL_DISPATCHER_* name given to a process is a setting."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import re
@@ -106,6 +110,7 @@ def secret_values(docs: list[Manifest], database_url: str) -> dict[str, dict[str
     """The Secrets the manifests reference, with test values (README: the process map)."""
     [cluster] = [d for d in docs if d["kind"] == "Cluster"]
     [config] = [d["data"] for d in docs if "capabilities.toml" in d.get("data", {})]
+    [webhooks] = [d["data"] for d in docs if "webhooks.json" in d.get("data", {})]
     capabilities = tomllib.loads(config["capabilities.toml"])["capability"]
     keys = [{"sha256": hash_api_key(API_KEY), "tenant": "acme", "scopes": ["submit", "read"]}]
     return {
@@ -114,6 +119,11 @@ def secret_values(docs: list[Manifest], database_url: str) -> dict[str, dict[str
         "tool-dispatcher-api-keys": {"api-keys": json.dumps(keys)},
         "tool-dispatcher-console": {"secret": "deploy-test-console-secret"},
         "tool-dispatcher-provider-credentials": {c["id"]: "sandbox-token" for c in capabilities},
+        # A signing secret per subscription of the sender's file (none in the base).
+        "tool-dispatcher-webhook-secrets": {
+            s["id"]: "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+            for s in json.loads(webhooks["webhooks.json"])
+        },
     }
 
 

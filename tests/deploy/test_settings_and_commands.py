@@ -31,17 +31,15 @@ from tests.deploy.manifests import (
     settings_config_map,
     settings_of,
 )
-from tool_dispatcher.main import build_parser
+from tool_dispatcher.main import TRACED, build_parser
 
-# The port each process serves its probes on (the API on http_port, the others on
-# their kind's ops port), by its subcommand.
+# The port each long-running process serves its probes on, by its subcommand: the API
+# on http_port, the others on their kind's ops port. Read from the command line's own
+# tables (the subcommand's process kind, that kind's port), so a process added there is
+# one the manifests must run.
 PROBE_PORTS = {
     "serve": Settings().http_port,
-    "worker": DEFAULT_PORTS["worker"],
-    "bus-intake": DEFAULT_PORTS["bus-intake"],
-    "relay": DEFAULT_PORTS["relay"],
-    "reconcile": DEFAULT_PORTS["reconciler"],
-    "approvals": DEFAULT_PORTS["approvals"],
+    **{command: DEFAULT_PORTS[kind] for command, kind in TRACED.items() if kind in DEFAULT_PORTS},
 }
 
 
@@ -120,7 +118,49 @@ def test_every_probe_is_on_the_port_its_process_serves(overlay: str) -> None:
                 port = ports.get(get["port"], get["port"])
                 assert port == PROBE_PORTS[container["args"][0]], where
                 probed.add(container["args"][0])
-    assert {"serve", "worker", "bus-intake", "relay"} <= probed
+    assert {"serve", "worker", "bus-intake", "relay", "webhooks"} <= probed
+
+
+def test_every_long_running_process_is_deployed() -> None:
+    # Each subcommand with ops endpoints of its own is a process the service runs: the
+    # production overlay must run it, as a Deployment or a CronJob (`--once`).
+    run = {
+        container["args"][0]
+        for _, spec in pod_specs(render("production"))
+        for container in spec["containers"]
+    }
+
+    assert set(PROBE_PORTS) - run == set()
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_every_deployment_is_scraped_under_a_job_the_rules_know() -> None:
+    docs = render("production")
+    by_kind: dict[str, list[Manifest]] = {}
+    for doc in docs:
+        by_kind.setdefault(doc["kind"], []).append(doc)
+    # The jobs deploy/observability/README.md lists, which the rules and panels assume.
+    listed = (DEPLOY / "observability" / "README.md").read_text()
+    unscraped = []
+    for deployment in by_kind["Deployment"]:
+        pod = deployment["spec"]["template"]["metadata"]["labels"]
+        # prometheus-operator names a ServiceMonitor's job after the Service it selects.
+        jobs = {
+            service["metadata"]["name"]
+            for service in by_kind["Service"]
+            if selects(service["spec"]["selector"], pod)
+            and any(
+                selects(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+                for monitor in by_kind["ServiceMonitor"]
+            )
+        }
+        if not any(f"| `{job}` |" in listed for job in jobs):
+            unscraped.append(deployment["metadata"]["name"])
+
+    assert unscraped == []
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -187,6 +227,16 @@ def test_every_pod_spreads_and_writes_only_to_its_empty_dir(overlay: str) -> Non
             assert mounts["tmp"] == "/tmp", where  # noqa: S108  # a path in a pod, not here
 
 
+# RFC 1918, link-local (cloud metadata) and carrier-grade NAT.
+PRIVATE_RANGES = {
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "169.254.0.0/16",
+    "100.64.0.0/10",
+}
+
+
 def policy_ports(rules: list[Manifest]) -> set[int]:
     return {p["port"] for rule in rules for p in rule.get("ports", [{"port": "any"}])}
 
@@ -216,7 +266,21 @@ def test_network_policies_open_only_what_each_process_uses(overlay: str) -> None
     for component in ("relay", "bus-intake"):
         # They call no provider: DNS, the database and the broker only.
         assert policy_ports(policies[component]["egress"]) == {53, 5432, 9092}
-    # Bus intake's ops port, from where the worker's is reachable (Prometheus) only.
-    [bus], [worker] = policies["bus-intake"]["ingress"], policies["worker"]["ingress"]
-    assert bus["from"] == worker["from"]
-    assert policy_ports([bus]) == {DEFAULT_PORTS["bus-intake"]}
+    # The webhook sender: DNS, the database and its receivers' HTTPS; no broker.
+    assert policy_ports(policies["webhooks"]["egress"]) == {53, 5432, 443}
+    # Its receivers are whatever URL a subscription names: none may be inside the
+    # cluster's or the cloud's private ranges (the metadata endpoint above all).
+    [public] = [
+        to["ipBlock"]
+        for rule in policies["webhooks"]["egress"]
+        for to in rule["to"]
+        if "ipBlock" in to
+    ]
+    assert public["cidr"] == "0.0.0.0/0"
+    assert set(public["except"]) >= PRIVATE_RANGES
+    # Each ops port, from where the worker's is reachable (Prometheus) only.
+    [worker] = policies["worker"]["ingress"]
+    for component in ("bus-intake", "webhooks"):
+        [rule] = policies[component]["ingress"]
+        assert rule["from"] == worker["from"], component
+        assert policy_ports([rule]) == {DEFAULT_PORTS[component]}, component

@@ -62,5 +62,5 @@ def test_the_help_lists_production_commands_only() -> None:
     assert set(commands) == {
         "migrate", "serve", "worker", "bus-intake", "relay", "outbox", "recover",
         "api-key", "reconcile", "escalations", "approvals", "retention", "archive", "runs",
-        "capabilities",
+        "capabilities", "operations", "webhooks",
     }  # fmt: skip
