@@ -11,14 +11,19 @@ and broker:
            nothing reached the provider, else ``result_unknown`` for the reconciler.
   paused   an operator pauses the capability (every tenant) ``--react`` seconds into
            the outage and resumes it when the provider answers again.
+  breaker  nobody acts; the capability has a circuit breaker (``--threshold`` failed
+           attempts within 30 s open it, ``--cool-down`` seconds before one probe).
 
 Printed per drill: the calls by final status, how many ended ``failed``, the requests
-(and lookups) that reached the provider while it was down (not countable when it
-refuses connections), and the drain time: from the provider's return to every call
-settled. Run it as::
+(and lookups) that reached the provider while it was down (counted by the provider,
+so not when it refuses connections), the attempts that failed (counted from the
+outcome events' ``attempts``: every attempt of this run that failed failed for the
+outage), the most effects any key had, and the drain time: from the provider's return
+to every call settled. Run it as::
 
     .venv/bin/python -m bench.outage [--down refuse|reset|503] [--rate 20]
-        [--seconds 40] [--outage 30] [--outage-at 5] [--react 3] [--database-url URL]
+        [--seconds 40] [--outage 30] [--outage-at 5] [--react 3] [--threshold 5]
+        [--cool-down 5] [--drills as-is,paused,breaker] [--database-url URL]
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from dispatcher.states import SETTLED_STATES
 
 CAPABILITY = "send-email"
 KEY = "tdk_bench_outage_operator"
-DRILLS = ("as-is", "paused")
+DRILLS = ("as-is", "paused", "breaker")
 SETTLED = sorted(s.value for s in SETTLED_STATES)
 
 
@@ -64,6 +69,12 @@ class Drill:
     submitted: int = 0
     failed_span: tuple[float, float] | None = None
     """When the failed calls were submitted: seconds into the load, first and last."""
+    failed_attempts: int = 0
+    """Attempts that failed, from the outcome events (the provider was down for each)."""
+    most_effects: int = 0
+    """The most effects the provider applied for one key (1: none twice)."""
+    failed_probes: int = 0
+    """Probe calls the breaker let through that failed (each opened it again)."""
 
 
 class Provider:
@@ -82,6 +93,7 @@ class Provider:
         self.down = down
         self.proxy = _CountingProxy(upstream.host, upstream.port or 80)
         self.reached: int | None = None if down == "refuse" else 0
+        self.recovered_at = 0.0
         self._received_before = 0
 
     async def fail(self) -> None:
@@ -94,6 +106,7 @@ class Provider:
             await self._sandbox("POST", {"kind": "error", "status": 503, "retryAfter": 1})
 
     async def recover(self) -> None:
+        self.recovered_at = time.monotonic()
         if self.down == "refuse":
             await self.proxy.start()
         elif self.down == "reset":
@@ -137,7 +150,8 @@ async def run_drill(name: str, url: str, args: argparse.Namespace, home: Path) -
         provider = Provider(sandbox, args.down)
         proxy = provider.proxy
         await proxy.start()
-        port, env = free_port(), _env(url, bootstrap, home / f"caps-{name}.toml", proxy.port)
+        caps = home / f"caps-{name}.toml"
+        port, env = free_port(), _env(url, bootstrap, caps, proxy.port, _breaker(name, args))
         env["TOOL_DISPATCHER_HTTP_PORT"] = str(port)
         processes = [
             await start_python(["-m", "tool_dispatcher", command], env)
@@ -151,9 +165,14 @@ async def run_drill(name: str, url: str, args: argparse.Namespace, home: Path) -
             ) as api:
                 await _ready(api)
                 await _drive(drill, api, provider, args)
-                drill.drain_seconds = await _drained(url, drill.submitted, args.settle)
+                settled = await _drained(url, drill.submitted, args.settle)
+                if settled is not None:
+                    drill.drain_seconds = settled - provider.recovered_at
                 drill.statuses = await _statuses(url)
                 drill.failed_span = await _failed_span(url)
+                drill.failed_attempts = await _failed_attempts(url)
+                drill.most_effects = await _most_effects(sandbox.url)
+                drill.failed_probes = await _failed_probes(url)
         finally:
             for process in processes:
                 await stop_process(process)
@@ -163,10 +182,20 @@ async def run_drill(name: str, url: str, args: argparse.Namespace, home: Path) -
     return drill
 
 
-def _env(url: str, bootstrap: str, caps: Path, proxy_port: int) -> dict[str, str]:
+def _breaker(name: str, args: argparse.Namespace) -> dict[str, float] | None:
+    if name != "breaker":
+        return None
+    return {"threshold": args.threshold, "windowSeconds": 30, "coolDownSeconds": args.cool_down,
+            "probes": 1}  # fmt: skip
+
+
+def _env(
+    url: str, bootstrap: str, caps: Path, proxy_port: int, breaker: dict[str, float] | None
+) -> dict[str, str]:
     down = f"http://127.0.0.1:{proxy_port}"
     # Every request and lookup goes through the proxy: the provider is down for all.
-    send = capability(CAPABILITY, down, by_key=True, reconcile={"maxAttempts": 20})
+    extra: dict[str, Any] = {"breaker": breaker} if breaker else {}
+    send = capability(CAPABILITY, down, by_key=True, reconcile={"maxAttempts": 20}, **extra)
     caps.write_text(registry_toml(registry_of(send)))
     run = secrets.token_hex(4)
     keys = [{"sha256": hash_api_key(KEY), "tenant": "acme", "scopes": ["submit", "read",
@@ -245,11 +274,19 @@ async def _operator(api: httpx.AsyncClient, verb: str) -> None:
 
 
 async def _submit(api: httpx.AsyncClient, n: int, drill: Drill) -> None:
-    body = {"runId": f"run-{n // 10}", "capabilityId": CAPABILITY,
+    """One call, as a producer sends it: a lost answer is sent again with its key (the
+    API answers the same call), three times at most."""
+    body = {"runId": f"run-{n // 10}", "capabilityId": CAPABILITY, "idempotencyKey": f"k-{n}",
             "input": {"to": f"user{n}@example.com"}}  # fmt: skip
-    reply = await api.post("/v1/tool-calls", json=body)
-    if reply.status_code in (200, 201):
-        drill.submitted += 1
+    for _ in range(3):
+        try:
+            reply = await api.post("/v1/tool-calls", json=body)
+        except httpx.TransportError:
+            await asyncio.sleep(0.5)
+            continue
+        if reply.status_code in (200, 201):
+            drill.submitted += 1
+        return
 
 
 async def _statuses(url: str) -> Counter[str]:
@@ -274,13 +311,48 @@ async def _failed_span(url: str) -> tuple[float, float] | None:
     return float(row[0]), float(row[1])
 
 
+# Each outcome event names the attempts its dispatch made; all but a success's last one
+# failed. Held (dispatching -> authorized) and failed outcomes failed every attempt.
+_FAILED_ATTEMPTS = """
+SELECT coalesce(sum(CASE WHEN event_type IN ('tool.call.completed', 'tool.call.accepted')
+                         THEN (payload->>'attempts')::int - 1
+                         ELSE (payload->>'attempts')::int END), 0)
+FROM execution_events
+WHERE payload ? 'attempts' AND payload->'from' ? 'dispatching'
+"""
+
+
+async def _failed_attempts(url: str) -> int:
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        row = await (await conn.execute(_FAILED_ATTEMPTS)).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _failed_probes(url: str) -> int:
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        row = await (
+            await conn.execute(
+                "SELECT count(*) FROM capability_events WHERE event_type ="
+                " 'capability.breaker_opened' AND reason LIKE '%probe%'"
+            )
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _most_effects(sandbox_url: str) -> int:
+    async with httpx.AsyncClient(base_url=sandbox_url) as client:
+        books = (await client.get("/v1/effects")).json()
+    return max(books["effects"].values(), default=0)
+
+
 async def _drained(url: str, submitted: int, within: float) -> float | None:
-    """Seconds until every submitted call is settled (the provider is back by now)."""
+    """When (``time.monotonic()``) every submitted call was settled (the provider is
+    back by now)."""
     started = time.monotonic()
     while time.monotonic() - started < within:
         statuses = await _statuses(url)
         if sum(statuses[s] for s in SETTLED) >= submitted:
-            return time.monotonic() - started
+            return time.monotonic()
         await asyncio.sleep(0.5)
     return None
 
@@ -294,6 +366,8 @@ def report(drills: list[Drill], markdown: bool) -> str:
             str(d.statuses.get("failed", 0)),
             ", ".join(f"{s} {d.statuses[s]}" for s in statuses if d.statuses.get(s)),
             "n/a" if d.refused is None else str(d.refused),
+            str(d.failed_attempts),
+            str(d.most_effects),
             "-" if d.failed_span is None else f"{d.failed_span[0]:.1f}-{d.failed_span[1]:.1f}",
             "not settled" if d.drain_seconds is None else f"{d.drain_seconds:.1f}",
         ]
@@ -305,6 +379,8 @@ def report(drills: list[Drill], markdown: bool) -> str:
         "failed",
         "by final status",
         "reached while down",
+        "failed attempts",
+        "most effects a key",
         "failed submitted at s",
         "drain s",
     ]
@@ -323,7 +399,7 @@ async def main_async(args: argparse.Namespace) -> int:
     dbs.create_template()
     try:
         with tempfile.TemporaryDirectory(prefix="td-outage-") as tmp:
-            for name in DRILLS:
+            for name in args.drills:
                 with dbs.cell() as url:
                     drill = await run_drill(name, url, args, Path(tmp))
                 drills.append(drill)
@@ -332,20 +408,37 @@ async def main_async(args: argparse.Namespace) -> int:
         dbs.drop()
     print()
     print(report(drills, markdown=False))
-    as_is, paused = drills
-    reached = ""
-    if as_is.refused and paused.refused is not None:
-        reached = (
-            f"; requests at the down provider: {paused.refused} against {as_is.refused}"
-            f" ({paused.refused / as_is.refused:.2f}x)"
-        )
-    print(
-        f"\nfailed: {paused.statuses.get('failed', 0)} paused against"
-        f" {as_is.statuses.get('failed', 0)} as-is{reached}"
-    )
+    print(summary({d.name: d for d in drills}, args))
     print()
     print(report(drills, markdown=True))
     return 0 if all(d.drain_seconds is not None for d in drills) else 1
+
+
+def summary(drills: dict[str, Drill], args: argparse.Namespace) -> str:
+    """Each drill against the drill with nobody acting, and the breaker's bound."""
+    lines = []
+    base = drills.get("as-is")
+    for name, drill in drills.items():
+        if base is None or drill is base:
+            continue
+        line = (
+            f"{name}: failed {drill.statuses.get('failed', 0)} against"
+            f" {base.statuses.get('failed', 0)} as-is; failed attempts {drill.failed_attempts}"
+            f" against {base.failed_attempts}"
+        )
+        if base.refused and drill.refused is not None:
+            line += f"; requests at the down provider {drill.refused / base.refused:.2f}x"
+        lines.append(line)
+    breaker = drills.get("breaker")
+    if breaker is not None:
+        bound = args.threshold + breaker.failed_probes
+        lines.append(
+            f"breaker: {breaker.failed_attempts} failed attempts against a bound of {bound:g}"
+            f" ({args.threshold:g} threshold + {breaker.failed_probes} failed probes), ratio"
+            f" {breaker.failed_attempts / bound:.2f}; most effects of a key"
+            f" {breaker.most_effects}; drain {breaker.drain_seconds} s"
+        )
+    return "\n" + "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -359,6 +452,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--outage", type=float, default=30.0, help="seconds the provider refuses connections")
     add("--outage-at", type=float, default=5.0, help="when the outage begins (s)")
     add("--react", type=float, default=3.0, help="seconds into the outage the operator pauses")
+    add("--threshold", type=float, default=5, help="the breaker's failed attempts to open")
+    add("--cool-down", type=float, default=5.0, help="seconds the breaker waits to probe")
+    add("--drills", type=lambda v: tuple(v.split(",")), default=DRILLS, help="which drills")
     add("--settle", type=float, default=180.0, help="seconds to wait for every call to settle")
     add(
         "--database-url",

@@ -89,13 +89,19 @@ def registry_of(*capabilities: Capability) -> CapabilityRegistry:
 
 
 def refund_and_lookup(
-    sandbox_url: str, *, timeout: float = 2.0, attempts: int = 3
+    sandbox_url: str,
+    *,
+    timeout: float = 2.0,
+    attempts: int = 3,
+    breaker: Mapping[str, Any] | None = None,
 ) -> CapabilityRegistry:
     """A side-effecting ``refund`` and a read-only ``lookup`` on the sandbox: what the
-    process tests and the dispatch benchmark run their workers with."""
+    process tests and the dispatch benchmark run their workers with; ``breaker``: the
+    refund's circuit breaker, spelt as in the TOML file."""
     options: dict[str, Any] = {"timeout": timeout, "attempts": attempts, "backoff": (0.02, 0.1)}
+    guarded: dict[str, Any] = {"breaker": dict(breaker)} if breaker else {}
     return registry_of(
-        capability("refund", sandbox_url, **options),
+        capability("refund", sandbox_url, **options, **guarded),
         capability("lookup", sandbox_url, side_effects=False, **options),
     )
 

@@ -74,6 +74,27 @@ class ReconcilePolicy(_Model):
     max_redispatches: int = Field(default=2, ge=0)
 
 
+FailureClass = Literal["not_sent", "timeout", "connection_lost", "http_5xx"]
+"""What a failed attempt was, for a circuit breaker: never reached the provider
+(refused, throttled), no answer in time, the connection lost after the request left,
+or a 5xx answer."""
+
+
+class BreakerPolicy(_Model):
+    """A circuit breaker shared by every worker: ``threshold`` counted failures within
+    ``window_seconds`` open it (the capability is paused for every tenant); after
+    ``cool_down_seconds`` its next ``probes`` calls go through; a success closes it, a
+    failure opens it again."""
+
+    counts: frozenset[FailureClass] = frozenset(
+        {"not_sent", "timeout", "connection_lost", "http_5xx"}
+    )
+    threshold: int = Field(default=5, ge=1)
+    window_seconds: float = Field(default=30.0, gt=0)
+    cool_down_seconds: float = Field(default=30.0, gt=0)
+    probes: int = Field(default=1, ge=1, le=100)
+
+
 class Capability(_Model):
     id: str = Field(min_length=1, max_length=200)
     description: str = ""
@@ -104,6 +125,9 @@ class Capability(_Model):
     compensation: Endpoint | None = None
     retry: RetryPolicy = RetryPolicy()
     reconcile: ReconcilePolicy = ReconcilePolicy()
+    # A circuit breaker (a ``[capability.breaker]`` table turns it on): without one, a
+    # down provider is paused by hand.
+    breaker: BreakerPolicy | None = None
     # Whose account the provider credential is: one shared by every tenant (the
     # default: one credential per capability), or each tenant's own (a credential per
     # tenant and capability in the provider secrets; a tenant without one is never sent

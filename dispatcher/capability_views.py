@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from dispatcher.schemas import StorableText
-from dispatcher.states import CapabilityStatus
+from dispatcher.states import BreakerState, CapabilityStatus
 
 
 class PauseRequest(BaseModel):
@@ -39,6 +39,17 @@ class PauseView(_View):
     since: datetime
 
 
+class BreakerView(_View):
+    """A capability's circuit breaker, shared by every tenant: ``closed`` (its calls go),
+    ``open`` (it paused the capability for every tenant) or ``half_open`` (a probe may
+    go). ``failures``: counted in its current window; ``evidence``: the classes of its
+    last failures."""
+
+    state: BreakerState
+    failures: int = 0
+    evidence: list[str] = Field(default_factory=list)
+
+
 class CapabilityView(_View):
     """A registered capability as the caller's tenant sees it: ``paused`` while a pause of
     its own tenant or of every tenant holds its calls (``pauses`` lists them)."""
@@ -50,6 +61,8 @@ class CapabilityView(_View):
     pauses: list[PauseView] = Field(default_factory=list)
     waiting: int = 0
     """The caller's calls of it waiting in ``authorized`` (held while it is paused)."""
+    breaker: BreakerView | None = None
+    """Its circuit breaker; None when the registry gives it none."""
 
 
 class CapabilityChange(_View):

@@ -39,6 +39,16 @@ DISPATCH_OUTCOMES = Counter(
     "Provider outcome classes of dispatches, by capability",
     ["capability", "outcome"],
 )
+BREAKER_FAILURES = Counter(
+    "tool_dispatcher_breaker_failures_total",
+    "Failed provider attempts a capability's circuit breaker counted, by failure class",
+    ["capability", "failure"],
+)
+BREAKER_TRANSITIONS = Counter(
+    "tool_dispatcher_breaker_transitions_total",
+    "Moves of a capability's circuit breaker, by the state entered (open, half_open, closed)",
+    ["capability", "to"],
+)
 FENCED_OUTCOMES = Counter(
     "tool_dispatcher_fenced_outcomes_total",
     "Outcomes a worker saw but could not record: its lease was lost (a zombie)",

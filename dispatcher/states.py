@@ -4,7 +4,8 @@ Pure data: :mod:`dispatcher.ledger.transitions` (with :mod:`dispatcher.ledger.ro
 the only code that moves a call, and it asks :func:`check_transition` first;
 :mod:`dispatcher.control.statuses` moves approvals and escalations by
 :data:`APPROVAL_TRANSITIONS` and :data:`ESCALATION_TRANSITIONS`, and
-:mod:`dispatcher.ledger.pauses` capabilities by :data:`CAPABILITY_TRANSITIONS`. The CHECK
+:mod:`dispatcher.ledger.pauses` capabilities by :data:`CAPABILITY_TRANSITIONS`, and
+:mod:`dispatcher.ledger.breakers` circuit breakers by :data:`BREAKER_TRANSITIONS`. The CHECK
 constraints of the status columns are built from these enums (:mod:`dispatcher.db.tables`).
 """
 
@@ -177,6 +178,50 @@ CAPABILITY_TRANSITIONS: dict[CapabilityStatus, frozenset[CapabilityStatus]] = {
     CapabilityStatus.ACTIVE: frozenset({CapabilityStatus.PAUSED}),
     CapabilityStatus.PAUSED: frozenset({CapabilityStatus.ACTIVE}),
 }
+
+
+class BreakerState(StrEnum):
+    """A capability's circuit breaker, shared by every worker (``capability_breakers``)."""
+
+    CLOSED = "closed"
+    """Its calls are sent; failures are counted over a window."""
+    OPEN = "open"
+    """Enough failures in the window: the capability is paused for every tenant until
+    the cool-down ends."""
+    HALF_OPEN = "half_open"
+    """The cool-down ended: a few calls go through as probes. A success closes it, a
+    failure opens it again."""
+
+
+BREAKER_TRANSITIONS: dict[BreakerState, frozenset[BreakerState]] = {
+    # closed -> open: the threshold was reached within the window.
+    BreakerState.CLOSED: frozenset({BreakerState.OPEN}),
+    # open -> closed: an operator resumed the capability for every tenant.
+    BreakerState.OPEN: frozenset({BreakerState.HALF_OPEN, BreakerState.CLOSED}),
+    # half_open -> half_open: its probes were lost (a worker died): a new round.
+    BreakerState.HALF_OPEN: frozenset(
+        {BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN}
+    ),
+}
+
+
+class OperationState(StrEnum):
+    """Where an operator's bulk operation is (``bulk_operations``)."""
+
+    RUNNING = "running"
+    """Submitted; a worker works through its calls a batch at a time."""
+    COMPLETED = "completed"
+    """Every call its filter selected was touched (or refused); final."""
+    CANCELLED = "cancelled"
+    """Stopped by an operator; the calls touched before stay touched. Final."""
+
+
+OPERATION_TRANSITIONS: dict[OperationState, frozenset[OperationState]] = {
+    OperationState.RUNNING: frozenset({OperationState.COMPLETED, OperationState.CANCELLED}),
+    OperationState.COMPLETED: frozenset(),
+    OperationState.CANCELLED: frozenset(),
+}
+
 
 _Status = TypeVar("_Status", bound=StrEnum)
 

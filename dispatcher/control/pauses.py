@@ -7,13 +7,14 @@ the caller may name and builds the views.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.capabilities import Capability, CapabilityRegistry
 from dispatcher.capability_views import (
+    BreakerView,
     CapabilityChange,
     CapabilityList,
     CapabilityView,
@@ -23,9 +24,10 @@ from dispatcher.capability_views import (
 from dispatcher.control.actor import Actor
 from dispatcher.db.pauses import EVERY_TENANT
 from dispatcher.db.tables import tool_calls
+from dispatcher.ledger.breakers import Breaker, close, not_closed
 from dispatcher.ledger.pauses import ScopeState, move_capability, paused_for
 from dispatcher.settings import DEFAULT_TOPICS, Topics
-from dispatcher.states import CapabilityStatus
+from dispatcher.states import BreakerState, CapabilityStatus
 from dispatcher.states import ExecutionStatus as S
 
 
@@ -46,6 +48,18 @@ async def change_capability(
     registry does not hold."""
     capability = registry.get(capability_id)
     scope = EVERY_TENANT if request.every_tenant else tenant
+    if target is CapabilityStatus.ACTIVE and request.every_tenant:
+        # An operator who resumes every tenant overrides the breaker: it closes, or the
+        # workers would hold back every call the resume lets by. The resume below lifts
+        # the pause, the breaker's included, as the operator's fact.
+        await close(
+            session,
+            capability.id,
+            reason=f"circuit breaker reset by an operator: {request.reason}",
+            topics=topics,
+            sources=(BreakerState.OPEN, BreakerState.HALF_OPEN),
+            lift_pause=False,
+        )
     _, changed = await move_capability(
         session,
         capability.id,
@@ -71,16 +85,33 @@ async def views(
     session: AsyncSession, capabilities: Sequence[Capability], tenant: str
 ) -> list[CapabilityView]:
     states = await paused_for(session, tenant)
+    breakers = await not_closed(session)
     counted = await session.execute(
         select(tool_calls.c.capability_id, func.count())
         .where(tool_calls.c.status == S.AUTHORIZED, tool_calls.c.tenant == tenant)
         .group_by(tool_calls.c.capability_id)
     )
     waiting = {capability_id: int(n) for capability_id, n in counted}
-    return [_view(c, states.get(c.id, []), int(waiting.get(c.id, 0))) for c in capabilities]
+    return [
+        _view(c, states.get(c.id, []), int(waiting.get(c.id, 0)), _breaker(c, breakers))
+        for c in capabilities
+    ]
 
 
-def _view(capability: Capability, scopes: list[ScopeState], waiting: int) -> CapabilityView:
+def _breaker(capability: Capability, found: Mapping[str, Breaker]) -> BreakerView | None:
+    """Its breaker as the table holds it (no row, or closed: closed)."""
+    if capability.breaker is None:
+        return None
+    breaker = found.get(capability.id)
+    if breaker is None:
+        return BreakerView(state=BreakerState.CLOSED)
+    classes = [str(e.get("class")) for e in breaker.evidence]
+    return BreakerView(state=breaker.state, failures=breaker.failures, evidence=classes)
+
+
+def _view(
+    capability: Capability, scopes: list[ScopeState], waiting: int, breaker: BreakerView | None
+) -> CapabilityView:
     pauses = [
         PauseView(
             every_tenant=s.every_tenant, reason=s.reason, by=dict(s.actor), since=s.changed_at
@@ -95,4 +126,5 @@ def _view(capability: Capability, scopes: list[ScopeState], waiting: int) -> Cap
         status=CapabilityStatus.PAUSED if pauses else CapabilityStatus.ACTIVE,
         pauses=pauses,
         waiting=waiting,
+        breaker=breaker,
     )

@@ -47,6 +47,8 @@ class CapabilityEventType(StrEnum):
 
     PAUSED = "capability.paused"
     RESUMED = "capability.resumed"
+    BREAKER_OPENED = "capability.breaker_opened"
+    BREAKER_CLOSED = "capability.breaker_closed"
 
 
 _EVENT_OF = {
@@ -80,10 +82,12 @@ class ScopeState:
         return self.tenant == EVERY_TENANT
 
 
-def not_paused(calls: Table) -> ColumnElement[bool]:
+def not_paused(calls: Table, *, but_via: str | None = None) -> ColumnElement[bool]:
     """True for rows of ``calls`` (``tool_calls``) whose capability is not paused for
-    their tenant nor for every tenant: a primary-key probe of a table of a few rows."""
-    return ~exists().where(
+    their tenant nor for every tenant: a primary-key probe of a table of a few rows.
+    ``but_via``: a pause made that way does not count (a breaker's probes go through
+    the breaker's own pause, never through an operator's)."""
+    held = exists().where(
         capability_states.c.capability_id == calls.c.capability_id,
         or_(
             capability_states.c.tenant == calls.c.tenant,
@@ -91,6 +95,9 @@ def not_paused(calls: Table) -> ColumnElement[bool]:
         ),
         capability_states.c.status == _PAUSED,
     )
+    if but_via is not None:
+        held = held.where(capability_states.c.actor["via"].astext.is_distinct_from(but_via))
+    return ~held
 
 
 def paused_scopes_query() -> Select[Any]:
@@ -152,10 +159,12 @@ async def move_capability(
     actor: Mapping[str, Any],
     reason: str,
     topics: Topics,
+    paused_via: str | None = None,
 ) -> tuple[ScopeState | None, bool]:
     """Move the scope to ``target`` if the table allows it from where it is; its state
     afterwards (None: never paused) and whether it moved (then with its fact). ``actor``
-    is who moved it (``Actor.as_payload()``)."""
+    is who moved it (``Actor.as_payload()``). ``paused_via``: resume only a pause made
+    that way (a circuit breaker lifts its own pause, never an operator's)."""
     sources = [s.value for s, targets in CAPABILITY_TRANSITIONS.items() if target in targets]
     values = {
         "status": target.value,
@@ -174,6 +183,8 @@ async def move_capability(
             )
             .values(**values, resumed_at=func.now(), version=capability_states.c.version + 1)
         )
+        if paused_via is not None:
+            resume = resume.where(capability_states.c.actor["via"].astext == paused_via)
         result = await session.execute(resume.returning(*capability_states.c))
     else:
         new = pg_insert(capability_states).values(
@@ -199,13 +210,20 @@ async def move_capability(
         ).first()
         return (ScopeState.of(current._mapping) if current else None), False
     state = ScopeState.of(moved._mapping)
-    await _record_fact(session, state, topics)
+    await record_fact(session, _EVENT_OF[state.status], state, topics)
     return state, True
 
 
-async def _record_fact(session: AsyncSession, state: ScopeState, topics: Topics) -> None:
-    """The move's fact in the log and on the events topic (the outbox, this transaction)."""
-    event_type = _EVENT_OF[state.status]
+async def record_fact(
+    session: AsyncSession,
+    event_type: CapabilityEventType,
+    state: ScopeState,
+    topics: Topics,
+    extra: Mapping[str, Any] | None = None,
+    producer: Producer = Producer.OPERATOR,
+) -> None:
+    """A capability's fact in the log and on the events topic (the outbox, this
+    transaction). ``extra``: fields of the event's own besides the common ones."""
     event_id = f"evt_{random_uuid().replace('-', '')}"
     await session.execute(
         insert(capability_events).values(
@@ -226,12 +244,13 @@ async def _record_fact(session: AsyncSession, state: ScopeState, topics: Topics)
         "by": dict(state.actor),
         "reason": state.reason,
         "occurredAt": state.changed_at.isoformat(),
+        **(extra or {}),
     }
     message = outbox_row(
         topic=topics.events,
         key=f"capability/{state.capability_id}",
         type=event_type.value,
-        source=ce_source(Producer.OPERATOR),
+        source=ce_source(producer),
         payload=payload,
         time=state.changed_at,
     )

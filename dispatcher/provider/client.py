@@ -17,17 +17,19 @@ transport error.
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol, Self
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_random_exponential
 
-from dispatcher.capabilities import Capability, RetryPolicy
+from dispatcher.capabilities import Capability, FailureClass, RetryPolicy
 from dispatcher.provider.contract import (
     Credentials,
     NoTenantCredential,
@@ -69,6 +71,20 @@ class ProviderOutcome:
     external_request_id: str | None = None
     result: Any = None
     error: str | None = None
+    failure: FailureClass | None = None
+    """What the last attempt's failure was, when it was one a breaker counts."""
+    held: bool = False
+    """A circuit breaker stopped the attempts before one was sent: every attempt made
+    (if any) provably never reached the provider, so the call may wait to be sent."""
+
+
+class AttemptGate(Protocol):
+    """A capability's circuit breaker, as the client sees it: asked before every
+    attempt, told of every failed one."""
+
+    def allows(self, capability: Capability, *, probe: bool, claimed_at: float) -> bool: ...
+
+    async def failed(self, capability: Capability, failure: FailureClass) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,18 +102,29 @@ class DispatchRequest:
     without it, one derived from ``trace_seed``."""
     tenant: str = field(kw_only=True)
     """Whose call: the credential of a per-tenant provider account is the tenant's."""
+    probe: bool = field(default=False, kw_only=True)
+    """A half-open breaker's probe: sent while the breaker holds every other call."""
+    claimed_at: float = field(default=0.0, kw_only=True)
+    """When (``time.monotonic()``) the claim that sends it began: a breaker seen open
+    since does not hold it (the claim found the breaker's pause lifted)."""
 
 
 class _NotSent(Exception):
     """The request did not reach the provider (or, read-only, it is safe to repeat)."""
 
+    def __init__(self, reason: str, failure: FailureClass | None = "not_sent") -> None:
+        super().__init__(reason)
+        self.failure = failure
+
 
 class _Throttled(Exception):
     """429 / 503 with Retry-After: the provider refused without acting."""
 
-    def __init__(self, reason: str, retry_after: float | None) -> None:
+    def __init__(self, reason: str, retry_after: float | None, status: int) -> None:
         super().__init__(reason)
         self.retry_after = retry_after
+        # A 503 says the provider is down; a 429 only that this caller goes too fast.
+        self.failure: FailureClass | None = "http_5xx" if status >= 500 else None
 
 
 def backoff(policy: RetryPolicy) -> Callable[[RetryCallState], float]:
@@ -133,6 +160,15 @@ def _retry_after(reply: Reply) -> float | None:
         return None
 
 
+def _held(attempts: int, last: str) -> ProviderOutcome:
+    return ProviderOutcome(
+        OutcomeKind.NOT_SENT,
+        attempts,
+        error=f"held by the circuit breaker after {attempts} attempt(s): {last}",
+        held=True,
+    )
+
+
 def _not_sendable(exc: Exception, attempt: int) -> ProviderOutcome:
     # The type only: a message can quote the header value, which may be a credential.
     return ProviderOutcome(
@@ -151,27 +187,67 @@ class ProviderClient:
     """
 
     def __init__(
-        self, transport: Transport, secrets: Credentials | Mapping[str, str] | None = None
+        self,
+        transport: Transport,
+        secrets: Credentials | Mapping[str, str] | None = None,
+        *,
+        gate: AttemptGate | None = None,
     ) -> None:
         self._transport = transport
         self._credentials = Credentials.of(secrets)
+        self._gate = gate
+
+    def guarded(self, gate: AttemptGate) -> Self:
+        """This client (its class, transport and credentials: a subclass stays what it
+        is) with ``gate`` asked before every attempt of a capability with a breaker."""
+        twin = copy.copy(self)
+        twin._gate = gate
+        return twin
 
     async def dispatch(self, capability: Capability, request: DispatchRequest) -> ProviderOutcome:
+        if not self._allowed(capability, request):
+            return _held(0, "nothing sent")
         try:
             # Most calls end at their first attempt: the retry loop's machinery (a tenth
             # of a worker's CPU when every call entered it) is set up for the others.
-            return await self._send_once(capability, request, 1)
+            return await self._attempt(capability, request, 1)
         except (_NotSent, _Throttled) as first:
             return await self._retry(capability, request, first)
 
+    def _allowed(self, capability: Capability, request: DispatchRequest) -> bool:
+        gate = self._gate
+        return (
+            gate is None
+            or capability.breaker is None
+            or gate.allows(capability, probe=request.probe, claimed_at=request.claimed_at)
+        )
+
+    async def _attempt(
+        self, capability: Capability, request: DispatchRequest, attempt: int
+    ) -> ProviderOutcome:
+        """One attempt; the gate hears of its failure."""
+        gate = self._gate
+        if gate is None or capability.breaker is None:
+            return await self._send_once(capability, request, attempt)
+        try:
+            outcome = await self._send_once(capability, request, attempt)
+        except (_NotSent, _Throttled) as exc:
+            if exc.failure is not None:
+                await gate.failed(capability, exc.failure)
+            raise
+        if outcome.failure is not None:
+            await gate.failed(capability, outcome.failure)
+        return outcome
+
     async def _retry(
-        self, capability: Capability, request: DispatchRequest, first: Exception
+        self, capability: Capability, request: DispatchRequest, first: _NotSent | _Throttled
     ) -> ProviderOutcome:
         """The attempts after a first one that may be repeated: the loop counts that one
         as its attempt 1 (its exception decides the first wait, a Retry-After
-        included), then sends."""
+        included), then sends, unless the gate holds the call: every attempt so far
+        provably never reached the provider, so it may wait to be sent."""
         policy = capability.retry
-        attempts = 1
+        attempts, last = 1, first
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type((_NotSent, _Throttled)),
@@ -182,11 +258,19 @@ class ProviderClient:
                 with attempt:
                     if attempt.retry_state.attempt_number == 1:
                         raise first
+                    if not self._allowed(capability, request):
+                        return _held(attempts, str(last))
                     attempts += 1
-                    outcome = await self._send_once(capability, request, attempts)
+                    try:
+                        outcome = await self._attempt(capability, request, attempts)
+                    except (_NotSent, _Throttled) as exc:
+                        last = exc
+                        raise
             return outcome
         except (_NotSent, _Throttled) as exc:
-            return ProviderOutcome(OutcomeKind.NOT_SENT, attempts, error=str(exc))
+            return ProviderOutcome(
+                OutcomeKind.NOT_SENT, attempts, error=str(exc), failure=exc.failure
+            )
 
     async def _send_once(
         self, capability: Capability, request: DispatchRequest, attempt: int
@@ -217,9 +301,14 @@ class ProviderClient:
             raise _NotSent(str(exc)) from exc
         except MaybeReceived as exc:
             cause = type(exc.__cause__).__name__
+            lost: FailureClass = (
+                "timeout" if isinstance(exc.__cause__, asyncio.TimeoutError) else "connection_lost"
+            )
             if not capability.side_effects:
-                raise _NotSent(f"read-only, repeating after {cause}") from exc
-            return ProviderOutcome(OutcomeKind.UNKNOWN, attempt, error=f"sent, no answer: {cause}")
+                raise _NotSent(f"read-only, repeating after {cause}", lost) from exc
+            return ProviderOutcome(
+                OutcomeKind.UNKNOWN, attempt, error=f"sent, no answer: {cause}", failure=lost
+            )
         try:
             return self._classify(capability, reply, attempt)
         except (_NotSent, _Throttled):
@@ -238,7 +327,7 @@ class ProviderClient:
         body = read_object(reply)
         ext_id = external_request_id(body)
         if status == 429 or (status == 503 and _retry_after(reply) is not None):
-            raise _Throttled(f"provider answered {status}", _retry_after(reply))
+            raise _Throttled(f"provider answered {status}", _retry_after(reply), status)
         if 200 <= status < 300:
             state = state_of(body)
             if status != 202 and state is ProviderState.SUCCEEDED:
@@ -260,7 +349,11 @@ class ProviderClient:
                 OutcomeKind.ACCEPTED, attempt, status, ext_id, body.get("result")
             )
         if not capability.side_effects and (status >= 500 or status in (408, 409)):
-            raise _NotSent(f"read-only, repeating after HTTP {status}")
+            raise _NotSent(
+                f"read-only, repeating after HTTP {status}",
+                # 409: the same key is still in flight, not a sign of a down provider.
+                "http_5xx" if status >= 500 else "timeout" if status == 408 else None,
+            )
         if 400 <= status < 500 and status not in (408, 409):
             code = body.get("code") or body.get("error") or "rejected"
             return ProviderOutcome(
@@ -278,4 +371,5 @@ class ProviderClient:
             status,
             ext_id,
             error=f"no definitive answer: HTTP {status}",
+            failure="http_5xx" if status >= 500 else "timeout" if status == 408 else None,
         )

@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.capabilities import Capability
 from dispatcher.db.tables import tool_calls
+from dispatcher.ledger.breakers import BREAKER_VIA
 from dispatcher.ledger.events import CallContext, EventType
 from dispatcher.ledger.leases import take_lease
 from dispatcher.ledger.messages import Producer
@@ -64,6 +65,10 @@ class Claim:
     # spans and its provider requests' traceparent.
     traceparent: str | None = field(default=None, kw_only=True)
     tool_name: str | None = field(default=None, kw_only=True)
+    # A half-open breaker's probe: claimed and sent through the breaker's own pause.
+    probe: bool = field(default=False, kw_only=True)
+    # Claims of the call so far, this one included.
+    dispatch_attempts: int = field(default=1, kw_only=True)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -107,6 +112,7 @@ async def claim_calls(
     event_type: EventType = EventType.TOOL_CALL_DISPATCHING,
     fence_owner: str | None = None,
     settles: bool = False,
+    probe: bool = False,
 ) -> list[Claim]:
     """Move every call of ``moves`` that is still ``expected`` (and, when given, held by
     ``fence_owner`` at its move's version) to ``dispatching`` under ``owner``'s lease,
@@ -114,8 +120,12 @@ async def claim_calls(
 
     ``leases`` gives the lease of each capability by id; a call whose capability has
     none is not claimed. A move without ``dispatch_attempts`` in its values counts the
-    attempt in SQL.
+    attempt in SQL. ``probe``: the calls are a half-open breaker's probes, claimed
+    through the pause the breaker holds (its caller spent the breaker's probes).
     """
+    # Before the statement: its snapshot is no older (a circuit breaker's gate relies on
+    # it), and a lease judged from it lapses early rather than late.
+    started = time.monotonic()
     leased = by_capability("leases", leases)
     fields: dict[str, Any] = {
         **take_lease(owner, func.now() + seconds_of(leased)),
@@ -142,7 +152,8 @@ async def claim_calls(
             == any_(bindparam("capabilities", list(leases), type_=ARRAY(Text))),
             # A paused capability's calls wait in their state: the command is dropped
             # here, and written again when it resumes (dispatcher.worker.redrive).
-            not_paused(tool_calls),
+            # A probe goes through its breaker's pause only.
+            not_paused(tool_calls, but_via=BREAKER_VIA if probe else None),
         ],
         # The claim's identity (owner, version): every outcome recorded for it names the
         # same, so the log shows which claim each outcome ended (the chaos checker's fence).
@@ -152,24 +163,35 @@ async def claim_calls(
             "leaseSeconds": leases[row["capability_id"]],
         },
     )
-    now = time.monotonic()
-    rows = [m.row for m in moved]
     return [
-        Claim(
-            row.tool_call_id,
-            capabilities[row.capability_id],
-            stored_provider_key(row.tenant, row.idempotency_key, row.provider_key),
-            row.input,
-            row.correlation_id,
-            row.version,
-            leases[row.capability_id],
-            now,
-            settles,
-            row.external_request_id,
-            tenant=row.tenant,
-            context=CallContext.of(row._mapping),
-            traceparent=row.traceparent,
-            tool_name=row.tool_name,
-        )
-        for row in rows
+        _claim_of(m.row, capabilities, leases, started, settles=settles, probe=probe) for m in moved
     ]
+
+
+def _claim_of(
+    row: Any,
+    capabilities: Mapping[str, Capability],
+    leases: Mapping[str, float],
+    claimed_at: float,
+    *,
+    settles: bool,
+    probe: bool,
+) -> Claim:
+    return Claim(
+        row.tool_call_id,
+        capabilities[row.capability_id],
+        stored_provider_key(row.tenant, row.idempotency_key, row.provider_key),
+        row.input,
+        row.correlation_id,
+        row.version,
+        leases[row.capability_id],
+        claimed_at,
+        settles,
+        row.external_request_id,
+        tenant=row.tenant,
+        context=CallContext.of(row._mapping),
+        traceparent=row.traceparent,
+        tool_name=row.tool_name,
+        probe=probe,
+        dispatch_attempts=row.dispatch_attempts,
+    )

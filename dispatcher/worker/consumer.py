@@ -32,6 +32,7 @@ from dispatcher.provider.transport import Transport
 from dispatcher.settings import Settings
 from dispatcher.topics import ensure_topics_when_reachable
 from dispatcher.worker import spans
+from dispatcher.worker.breakers import Breakers
 from dispatcher.worker.crashpoints import CrashPoints
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired
@@ -43,7 +44,8 @@ from kit.periodic import periodic
 log = logging.getLogger(__name__)
 
 RECOVERY_LOOP, REDRIVE_LOOP, RESUME_LOOP = "recovery", "redrive", "resume"
-"""The ``loop`` labels of the two sweeps' step metrics, and the names in their logs."""
+BREAKER_LOOP = "breaker"
+"""The ``loop`` labels of the sweeps' step metrics, and the names in their logs."""
 
 
 def default_provider(settings: Settings, transport: Transport) -> ProviderClient:
@@ -78,10 +80,11 @@ async def run_worker(
     if provider is None:
         transport = Transport(settings.provider_max_connections)
         provider = default_provider(settings, transport)
+    breakers = Breakers(sessions, registry, topics=settings.topics())
     executor = Executor(
         sessions,
         registry,
-        provider,
+        provider.guarded(breakers),
         worker_id=worker_id,
         topics=settings.topics(),
         min_lease_seconds=settings.min_lease_seconds,
@@ -92,7 +95,7 @@ async def run_worker(
     consumer = build_consumer(settings, executor.longest_batch_seconds(settings.worker_batch_size))
     consumer.subscribe([settings.dispatch_topic], listener=membership)
     await consumer.start()
-    sweeper = asyncio.create_task(_sweep(settings, registry, sessions, stop))
+    sweeper = asyncio.create_task(_sweep(settings, registry, sessions, stop, (breakers, executor)))
     known = {cap.id for cap in registry}
     log.info("worker %s consuming %s", worker_id, settings.dispatch_topic)
     try:
@@ -262,12 +265,17 @@ async def commit_recorded(
 
 
 async def _sweep(
-    settings: Settings, registry: CapabilityRegistry, sessions: Any, stop: asyncio.Event
+    settings: Settings,
+    registry: CapabilityRegistry,
+    sessions: Any,
+    stop: asyncio.Event,
+    gated: tuple[Breakers, Executor],
 ) -> None:
     """The worker's sweeps, each its own loop so one failing does not hold the others
     back: recovery at once and then every ``recovery_interval_seconds``, redrive every
-    ``redrive_interval_seconds`` from one interval after the start, and the calls of a
-    capability just resumed every ``recovery_interval_seconds``."""
+    ``redrive_interval_seconds`` from one interval after the start, the calls of a
+    capability just resumed and the circuit breakers' probes every
+    ``recovery_interval_seconds``."""
     topics = settings.topics()
     known = {cap.id for cap in registry}
 
@@ -290,6 +298,10 @@ async def _sweep(
             known_capabilities=known,
         )
 
+    async def probe() -> None:
+        breakers, executor = gated
+        await breakers.step(executor)
+
     redrive_every = settings.redrive_interval_seconds
     await asyncio.gather(
         periodic(stop, settings.recovery_interval_seconds, recover, name=RECOVERY_LOOP),
@@ -297,4 +309,6 @@ async def _sweep(
         # A resumed capability's waiting calls go at once, not a redrive threshold later;
         # while nothing was resumed, a step is one read of a table of a few rows.
         periodic(stop, settings.recovery_interval_seconds, resume, name=RESUME_LOOP),
+        # While no breaker is open, a step is one read of a table of a few rows.
+        periodic(stop, settings.recovery_interval_seconds, probe, name=BREAKER_LOOP),
     )

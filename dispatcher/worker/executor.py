@@ -80,7 +80,7 @@ class Executor:
         self._lease_margin = lease_margin_seconds
         self._crash = crash or CrashPoints()
         self._capabilities = {cap.id: cap for cap in registry}
-        self._leases = {cap.id: self._lease_of(cap) for cap in registry}
+        self._leases = {cap.id: self.lease_of(cap) for cap in registry}
         self._recorder = OutcomeRecorder(worker_id, producer, topics)
         # Requests in flight at once (None: a batch's all together).
         self._concurrency = concurrency
@@ -94,8 +94,13 @@ class Executor:
         The consumer may go that long between two fetches (max.poll.interval)."""
         return max(self._leases.values(), default=0.0) * self._rounds(calls)
 
-    def _lease_of(self, capability: Capability) -> float:
+    def lease_of(self, capability: Capability) -> float:
+        """The lease a claim of one call of ``capability`` takes."""
         return lease_seconds(capability, self._min_lease, self._lease_margin)
+
+    @property
+    def producer(self) -> Producer:
+        return self._producer
 
     async def execute(self, tool_call_id: str, tenant: str) -> S | None:
         """Run the call if it is still ``authorized``; returns the recorded status, or
@@ -173,7 +178,7 @@ class Executor:
                 )
             ],
             capabilities={capability.id: capability},
-            leases={capability.id: self._lease_of(capability)},
+            leases={capability.id: self.lease_of(capability)},
             owner=self.worker_id,
             producer=self._producer,
             topics=self._topics,
@@ -258,6 +263,8 @@ class Executor:
                     trace_seed=claim.correlation_id or claim.tool_call_id,
                     traceparent=claim.traceparent,
                     tenant=claim.tenant,
+                    probe=claim.probe,
+                    claimed_at=claim.claimed_at,
                 ),
             )
         except Exception as exc:

@@ -48,6 +48,9 @@ class _Class(Enum):
     UNKNOWN = auto()
     SETTLED = auto()
     """A re-sent call's final answer: ``dispatching -> accepted -> confirmed``."""
+    HELD = auto()
+    """A circuit breaker stopped its attempts and none reached the provider: back to
+    ``authorized``, to be sent when the breaker closes (its capability is paused)."""
 
 
 def _class_of(sent: Sent) -> _Class:
@@ -60,6 +63,8 @@ def _class_of(sent: Sent) -> _Class:
         if kind is OutcomeKind.NOT_SENT:
             # The re-send never reached the provider: still in doubt, look again later.
             return _Class.UNKNOWN
+    if sent.outcome.held or _waits_for_breaker(sent):
+        return _Class.HELD
     if kind is OutcomeKind.COMPLETED:
         return _Class.COMPLETED
     if kind is OutcomeKind.ACCEPTED:
@@ -67,6 +72,22 @@ def _class_of(sent: Sent) -> _Class:
     if kind in (OutcomeKind.FAILED, OutcomeKind.NOT_SENT):
         return _Class.FAILED
     return _Class.UNKNOWN
+
+
+def _waits_for_breaker(sent: Sent) -> bool:
+    """A call of a capability with a breaker that spent its attempts, none of which
+    reached the provider: the provider is unreachable, which is the breaker's to judge,
+    not a failure of this call. It waits in ``authorized`` (for the breaker's pause and
+    resume, or the redrive), up to as many claims as its retry policy has attempts,
+    then fails as it would without a breaker."""
+    claim, outcome = sent.claim, sent.outcome
+    breaker = claim.capability.breaker
+    return (
+        breaker is not None
+        and outcome.kind is OutcomeKind.NOT_SENT
+        and outcome.failure in breaker.counts
+        and claim.dispatch_attempts < claim.capability.retry.max_attempts
+    )
 
 
 def _evidence(outcome: ProviderOutcome) -> dict[str, Any]:
@@ -101,6 +122,7 @@ def _target_of(cls: _Class) -> S:
         _Class.FAILED: S.FAILED,
         _Class.UNKNOWN: S.RESULT_UNKNOWN,
         _Class.SETTLED: S.ACCEPTED,
+        _Class.HELD: S.AUTHORIZED,
     }[cls]
 
 
@@ -117,7 +139,7 @@ def _values(sent: Sent, target: S) -> dict[str, Any]:
         values["result"] = sent.outcome.result
         values["last_error"] = sent.outcome.error
         values["verification_status"] = _verified_failure(sent.outcome).value
-    elif target is S.RESULT_UNKNOWN:
+    elif target in (S.RESULT_UNKNOWN, S.AUTHORIZED):
         values["last_error"] = sent.outcome.error
     return values
 
@@ -150,6 +172,12 @@ def _routes(items: Iterable[Sent]) -> dict[S, Route]:
         ),
         S.RESULT_UNKNOWN: Route(
             EventType.TOOL_CALL_RESULT_UNKNOWN, ("external_request_id", "last_error"), follow_up
+        ),
+        # Held by a breaker: nothing reached the provider, so the call waits to be sent
+        # again with its key; the breaker's pause holds it, and lifting the pause
+        # re-drives it (dispatcher.worker.redrive).
+        S.AUTHORIZED: Route(
+            EventType.TOOL_CALL_REDISPATCHED, ("external_request_id", "last_error")
         ),
     }
 

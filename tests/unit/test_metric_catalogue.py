@@ -100,7 +100,7 @@ def test_the_loops_the_code_runs_are_the_catalogued_ones() -> None:
 
     named = {
         RECOVERY_LOOP, REDRIVE_LOOP, RESUME_LOOP, HOUSEKEEPING_LOOP, RECONCILE_LOOP,
-        GAUGES_LOOP, APPROVALS_LOOP,
+        GAUGES_LOOP, APPROVALS_LOOP, WEBHOOKS_LOOP, OPERATIONS_LOOP, BREAKER_LOOP,
     }  # fmt: skip
     assert named == LOOPS
     entries = by_name(catalogue())

@@ -46,7 +46,12 @@ FAILED = {"status": "failed", "id": "req_2", "result": {"n": 2}, "error": "decli
 
 
 def unknown(status: int, ext: str | None = None) -> ProviderOutcome:
-    return ProviderOutcome(K.UNKNOWN, 1, status, ext, None, f"no definitive answer: HTTP {status}")
+    # What a circuit breaker counts of it: 5xx and 408 are signs of a provider in
+    # trouble; 409 (the same key still in flight) is not.
+    failure = "http_5xx" if status >= 500 else "timeout" if status == 408 else None
+    return ProviderOutcome(
+        K.UNKNOWN, 1, status, ext, None, f"no definitive answer: HTTP {status}", failure
+    )
 
 
 def refused(status: int, code: str, attempts: int = 1) -> ProviderOutcome:

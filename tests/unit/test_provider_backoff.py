@@ -26,13 +26,15 @@ def test_a_throttled_request_waits_the_providers_retry_after_capped_by_the_maxim
     wait = backoff(
         RetryPolicy(max_attempts=3, initial_backoff_seconds=0.001, max_backoff_seconds=5)
     )
-    assert wait(_after(1, _Throttled("429", retry_after=1.0))) == 1.0
-    assert wait(_after(1, _Throttled("429", retry_after=60.0))) == 5.0
+    assert wait(_after(1, _Throttled("429", retry_after=1.0, status=429))) == 1.0
+    assert wait(_after(1, _Throttled("429", retry_after=60.0, status=429))) == 5.0
 
 
 def test_a_throttled_request_without_retry_after_backs_off_like_any_other() -> None:
     wait = backoff(RetryPolicy(initial_backoff_seconds=0.001, max_backoff_seconds=5))
-    waits = [wait(_after(1, _Throttled("429", retry_after=None))) for _ in range(SAMPLES)]
+    waits = [
+        wait(_after(1, _Throttled("429", retry_after=None, status=429))) for _ in range(SAMPLES)
+    ]
     assert max(waits) <= 0.002
 
 
