@@ -20,7 +20,9 @@ problem+json.
     │   ├── RunNotFound                    run_not_found
     │   ├── ApprovalNotFound               approval_not_found
     │   ├── EscalationNotFound             escalation_not_found
-    │   └── DeadLetterNotFound             dead_letter_not_found
+    │   ├── DeadLetterNotFound             dead_letter_not_found
+    │   ├── OperationNotFound              operation_not_found
+    │   └── WebhookDeliveryNotFound        webhook_delivery_not_found
     ├── Conflict                       409 the state of what it names does not allow it
     │   ├── ToolCallIdConflict             tool_call_id_conflict
     │   ├── TransitionConflict             transition_conflict (retriable: moved concurrently)
@@ -30,7 +32,8 @@ problem+json.
     │   ├── ApprovalAlreadyDecided         approval_already_decided
     │   ├── ApprovalExpired                approval_expired
     │   ├── ApprovalStale                  approval_stale
-    │   └── EscalationAlreadyResolved      escalation_already_resolved
+    │   ├── EscalationAlreadyResolved      escalation_already_resolved
+    │   └── OperationFinished              operation_finished
     ├── Unprocessable                  422 well-formed, but contradicts what is recorded
     │   └── IdempotencyKeyReused           idempotency_key_reused
     ├── LimitExceeded                  a limit that shields the shared service (retriable later)
@@ -172,6 +175,26 @@ class DeadLetterNotFound(NotFound):
         super().__init__(f"no dead letter with id {row_id}", rowId=row_id)
 
 
+class OperationNotFound(NotFound):
+    """No bulk operation with this id is the caller's tenant's (an ``admin`` sees
+    every tenant's)."""
+
+    code, title = "operation_not_found", "Operation not found"
+
+    def __init__(self, operation_id: str) -> None:
+        super().__init__(f"no operation {operation_id!r}", operationId=operation_id)
+
+
+class WebhookDeliveryNotFound(NotFound):
+    """No dead webhook delivery with this id is the caller's tenant's (it was sent
+    again meanwhile, never existed, or is another tenant's)."""
+
+    code, title = "webhook_delivery_not_found", "Webhook delivery not found"
+
+    def __init__(self, delivery_id: str) -> None:
+        super().__init__(f"no dead webhook delivery {delivery_id!r}", deliveryId=delivery_id)
+
+
 class Conflict(DispatcherError):
     """What the request names is in a state that does not allow it."""
 
@@ -264,6 +287,17 @@ class EscalationAlreadyResolved(Conflict):
             f"escalation {escalation_id!r} was already resolved ({finding})",
             escalationId=escalation_id,
             finding=finding,
+        )
+
+
+class OperationFinished(Conflict):
+    """A bulk operation that completed or was cancelled cannot be cancelled (again)."""
+
+    code, title = "operation_finished", "Operation already finished"
+
+    def __init__(self, operation_id: str, state: str) -> None:
+        super().__init__(
+            f"operation {operation_id!r} is already {state}", operationId=operation_id, state=state
         )
 
 

@@ -251,6 +251,12 @@ class Settings(BaseSettings):
     # that forgot its messages): its command is written again (dispatcher.worker.redrive).
     redrive_after_seconds: float = Field(default=60.0, gt=0)
     redrive_interval_seconds: float = Field(default=15.0, gt=0)
+    # Bulk operations (dispatcher.operations): calls per batch (one transaction each),
+    # how long a processor's claim of an operation lasts unless renewed by a batch, and
+    # how often a worker looks for a running operation nobody holds.
+    operation_batch_size: int = Field(default=200, ge=1, le=5000)
+    operation_lease_seconds: float = Field(default=30.0, gt=0)
+    operation_interval_seconds: float = Field(default=1.0, gt=0)
     # e.g. "after-send:3": SIGKILL at the 3rd pass of that point (crash tests only; the
     # worker's points, or the retention job's: dispatcher.retention.crashpoints).
     crash_at: str | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import secrets
 import sys
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from tool_dispatcher import (
     archive,
     capabilities,
     escalations,
+    operations,
     outbox,
     reconcile,
     retention,
@@ -72,8 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("recover", help="apply the crash-recovery rule to expired claims")
     r.add_argument("--once", action="store_true", required=True, help="one sweep, then exit")
     sub.add_parser("api-key", help="print a new API key and the settings line for its hash")
-    for command in (reconcile, escalations, approvals, retention, archive, runs, capabilities):
+    for command in (
+        reconcile, escalations, approvals, retention, archive, runs, capabilities, operations
+    ):  # fmt: skip
         command.register(sub)
+    webhooks.register(sub)
     return parser
 
 
@@ -145,10 +150,22 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 async def _worker(settings: Settings, registry: CapabilityRegistry, stop: asyncio.Event) -> None:
     """The worker inside its ops endpoints, up before it waits for the broker: alive
     (/healthz) while it waits, ready (/readyz) only once it joined its group."""
+    from dispatcher.operations.processor import serve_operations
     from dispatcher.worker.consumer import run_worker
 
     async with process_ops(settings, "worker", broker=True) as ops:
-        await run_worker(settings, registry, stop, ops=ops)
+        # Bulk operations are worked beside the consumer, each batch under a lease any
+        # worker may take over (dispatcher.operations.processor). On a stop the batch in
+        # flight finishes; should the consumer fail, the loop is cancelled (its batch
+        # rolls back) and the consumer's own error is what the process reports.
+        bulk = asyncio.create_task(serve_operations(settings, registry, stop))
+        try:
+            await run_worker(settings, registry, stop, ops=ops)
+        finally:
+            if not stop.is_set():
+                bulk.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await bulk
 
 
 async def _bus(settings: Settings, registry: CapabilityRegistry, stop: asyncio.Event) -> None:

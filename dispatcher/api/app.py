@@ -18,6 +18,7 @@ from dispatcher.api import (
     escalations,
     health,
     openapi,
+    operations,
     outbox,
     problems,
     runs,
@@ -63,7 +64,9 @@ def create_app(
     app.state.limits = Limits.of(settings)
     problems.install(app)
     openapi.install(app)
-    for resource in (tool_calls, runs, approvals, escalations, outbox, capabilities, health):
+    for resource in (
+        tool_calls, runs, approvals, escalations, outbox, capabilities, operations, health
+    ):  # fmt: skip
         app.include_router(resource.router)
     console.install(app, settings, app.state.auth.keyring)
     if telemetry.enabled():

@@ -15,6 +15,7 @@ from dispatcher.console import (
     calls,
     capabilities,
     escalations,
+    operations,
     outbox,
     overview,
     runs,
@@ -25,7 +26,10 @@ from dispatcher.console.web import Console
 from dispatcher.control.principals import Keyring
 from dispatcher.settings import Settings
 
-PAGES = (signin, escalations, approvals, runs, calls, outbox, capabilities, overview)
+PAGES = (
+    signin, escalations, approvals, runs, calls, outbox, capabilities, operations, webhooks,
+    overview,
+)  # fmt: skip
 
 
 def install(app: FastAPI, settings: Settings, keyring: Keyring) -> None:

@@ -251,8 +251,10 @@ async def resolve(
     actor: Actor,
     tenant: str | None = None,
     topics: Topics = DEFAULT_TOPICS,
+    causation_id: str | None = None,
 ) -> EscalationView:
-    """Settle the escalated call by an operator's finding, in the caller's transaction.
+    """Settle the escalated call by an operator's finding, in the caller's transaction;
+    ``causation_id`` is the call's event's cause (a bulk operation's id), if any.
 
     Raises :class:`EscalationNotFound` (also for another tenant's),
     :class:`EscalationAlreadyResolved` the second time, :class:`TransitionConflict`
@@ -277,6 +279,7 @@ async def resolve(
         target=target,
         event_type=event,
         producer=Producer.OPERATOR,
+        causation_id=causation_id,
         topics=topics,
         fields={
             "verification_status": verified,

@@ -11,6 +11,8 @@ is escalated.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -50,6 +52,44 @@ def why_not_retriable(status: S) -> str:
     return _WHY_NOT.get(status, f"a call in {status.value!r} is settled and cannot be retried")
 
 
+def retry_of(
+    call: Mapping[Any, Any], request: RetryRequest, actor: Actor, registry: CapabilityRegistry
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a retry of ``call`` (its row) writes: the call's columns, and its event's
+    payload (who and why, and the key it is sent with). One place, for a single retry
+    and a bulk operation's alike."""
+    tool_call_id, tenant = call["tool_call_id"], call["tenant"]
+    previous_key: str = call["idempotency_key"]
+    # Unique by construction (a fresh uuid); the (tenant, key) constraint still guards it.
+    key = (
+        f"{tool_call_id}:retry:{uuid.uuid4().hex[:16]}"
+        if request.new_idempotency_key
+        else previous_key
+    )
+    fields: dict[str, Any] = {
+        "idempotency_key": key,
+        "verification_status": VerificationStatus.NOT_OBSERVED,
+        "reconciliation_status": ReconciliationStatus.NOT_NEEDED,
+        "next_reconcile_at": None,
+        **LEASE_RELEASED,
+        "completed_at": None,
+        "last_error": None,
+    }
+    if request.new_idempotency_key:
+        capability = registry.get(call["capability_id"])
+        fields["provider_key"] = key_to_store(tenant, key, namespaced=capability.namespaces_keys)
+        # The provider's id names the old request, not the one about to be sent.
+        fields["external_request_id"] = None
+    payload = {
+        "by": actor.as_payload(),
+        "reason": request.reason,
+        "newIdempotencyKey": request.new_idempotency_key,
+        "idempotencyKey": key,
+        "previousIdempotencyKey": previous_key,
+    }
+    return fields, payload
+
+
 async def retry_call(
     session: AsyncSession,
     tool_call_id: str,
@@ -59,10 +99,14 @@ async def retry_call(
     actor: Actor,
     registry: CapabilityRegistry,
     topics: Topics = DEFAULT_TOPICS,
+    causation_id: str | None = None,
 ) -> ToolCallView:
     """``failed`` / ``escalated`` -> ``authorized`` plus a dispatch command, in the
     caller's transaction; who and why go into the ``tool.call.retried`` event. A new
     key's provider key is qualified as ``registry`` says the capability's are.
+
+    ``causation_id`` names what caused the retry (a bulk operation's id) as the
+    event's cause; the dispatch command's cause stays the event, as always.
 
     Raises :class:`ToolCallNotFound` (also for another tenant's call),
     :class:`RetryNotAllowed` with the reason, or ``RunStopped``."""
@@ -78,27 +122,7 @@ async def retry_call(
         raise RetryNotAllowed(tool_call_id, status.value, why_not_retriable(status))
     if run_stopped:
         raise RunStopped(run_id)
-    previous_key: str = call["idempotency_key"]
-    # Unique by construction (a fresh uuid); the (tenant, key) constraint still guards it.
-    key = (
-        f"{tool_call_id}:retry:{uuid.uuid4().hex[:16]}"
-        if request.new_idempotency_key
-        else previous_key
-    )
-    fields: dict[str, object] = {
-        "idempotency_key": key,
-        "verification_status": VerificationStatus.NOT_OBSERVED,
-        "reconciliation_status": ReconciliationStatus.NOT_NEEDED,
-        "next_reconcile_at": None,
-        **LEASE_RELEASED,
-        "completed_at": None,
-        "last_error": None,
-    }
-    if request.new_idempotency_key:
-        capability = registry.get(call["capability_id"])
-        fields["provider_key"] = key_to_store(tenant, key, namespaced=capability.namespaces_keys)
-        # The provider's id names the old request, not the one about to be sent.
-        fields["external_request_id"] = None
+    fields, payload = retry_of(call, request, actor, registry)
     moved = await move(
         session,
         tool_call_id,
@@ -107,15 +131,10 @@ async def retry_call(
         target=S.AUTHORIZED,
         event_type=EventType.TOOL_CALL_RETRIED,
         producer=Producer.OPERATOR,
+        causation_id=causation_id,
         topics=topics,
         fields=fields,
-        payload={
-            "by": actor.as_payload(),
-            "reason": request.reason,
-            "newIdempotencyKey": request.new_idempotency_key,
-            "idempotencyKey": key,
-            "previousIdempotencyKey": previous_key,
-        },
+        payload=payload,
     )
     command = DispatchCommand.build(
         moved.row._mapping, producer=Producer.OPERATOR, causation_id=moved.event_id

@@ -51,6 +51,9 @@ IN_FLIGHT = (S.DISPATCHING, S.ACCEPTED, S.RESULT_UNKNOWN)
 _LOCK_SHARED = text("SELECT stopped_at FROM stopped_runs_locked(:wanted)").bindparams(
     bindparam("wanted", type_=JSONB)
 )
+_LOCK_MANY = text("SELECT tenant, run_id FROM stopped_runs_locked(:wanted)").bindparams(
+    bindparam("wanted", type_=JSONB)
+)
 _LOCK_EXCLUSIVE = text("SELECT lock_run_exclusive(:tenant, :run_id)")
 
 
@@ -62,6 +65,16 @@ async def lock_run(session: AsyncSession, tenant: str, run_id: str) -> bool:
     the stop takes the run first too, so the two can never wait for each other."""
     wanted = [{"tenant": tenant, "run_id": run_id}]
     return (await session.execute(_LOCK_SHARED, {"wanted": wanted})).first() is not None
+
+
+async def lock_runs(session: AsyncSession, wanted: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """:func:`lock_run` for many ``(tenant, runId)`` in one statement (the function
+    takes them in one order, so two such callers cannot deadlock); the stopped ones."""
+    if not wanted:
+        return set()
+    listed = [{"tenant": tenant, "run_id": run_id} for tenant, run_id in sorted(wanted)]
+    found = await session.execute(_LOCK_MANY, {"wanted": listed})
+    return {(r.tenant, r.run_id) for r in found}
 
 
 async def stop_run(

@@ -29,8 +29,10 @@ from sqlalchemy.dialects.postgresql import BYTEA, JSONB
 from dispatcher.db.bus_offsets import bus_offsets_table
 from dispatcher.db.console_sessions import console_sessions_table
 from dispatcher.db.labels import Label
-from dispatcher.db.pauses import capability_events_table, capability_states_table
+from dispatcher.db.operations import bulk_operation_tables
+from dispatcher.db.pauses import capability_tables
 from dispatcher.db.run_summaries import run_summaries_table
+from dispatcher.db.webhooks import webhook_tables
 from dispatcher.states import (
     IN_FLIGHT_STATES,
     TERMINAL_STATES,
@@ -332,10 +334,15 @@ runs = Table(
 # Each run's calls counted by status, kept in the transaction of every move (0013).
 run_summaries = run_summaries_table(metadata)
 bus_offsets = bus_offsets_table(metadata)
-capability_states = capability_states_table(metadata)
-capability_events = capability_events_table(metadata)
+capability_states, capability_events, capability_breakers = capability_tables(metadata)
+# Bulk operations (0021), and on tool_calls the index their batches read.
+bulk_operations, bulk_operation_calls = bulk_operation_tables(metadata, tool_calls)
 
 console_sessions = console_sessions_table(metadata)
+# Webhooks (dispatcher.webhooks, migration 0022): dispatcher.db.webhooks says each.
+(webhook_notifications, webhook_deliveries, webhook_subscription_states, webhook_reported) = (
+    webhook_tables(metadata)
+)
 
 # Retention (dispatcher.retention, migration 0014). The manifest: one row per archive
 # batch, a batch of one tenant's calls or a dropped day of events, with the files it

@@ -307,6 +307,7 @@ async def move_many(
     where: Sequence[ColumnElement[bool]] = (),
     row_payload: Callable[[RowMapping], Mapping[str, Any]] | None = None,
     topics: Topics = DEFAULT_TOPICS,
+    causation_id: str | None = None,
 ) -> list[Moved]:
     """:func:`move` for many calls in three statements, whatever their number: one
     conditional UPDATE (each row fenced by status, ``lease_owner`` unless None, its own
@@ -316,7 +317,7 @@ async def move_many(
     fence is skipped rather than failing the batch: its row is simply missing from
     the result, and the caller treats it as taken over. ``row_payload`` adds to each
     event's payload what only the moved row tells. Each moved call comes back with its
-    event.
+    event. ``causation_id`` is every event's cause (a bulk operation's id), if any.
     """
     if not moves:
         return []
@@ -355,6 +356,7 @@ async def move_many(
             event_type,
             CallContext.of(row._mapping),
             producer=producer,
+            causation_id=causation_id,
             payload={
                 "from": came_from,
                 "to": target.value,

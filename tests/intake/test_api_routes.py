@@ -40,6 +40,11 @@ SCOPES = {
     # Every tenant's pause needs "admin" too, checked once the body says so.
     ("POST", "/v1/capabilities/{capability_id}/pause"): "operate",
     ("POST", "/v1/capabilities/{capability_id}/resume"): "operate",
+    # Another tenant's calls, or every tenant's, need "admin" too (the filter says so).
+    ("POST", "/v1/operations"): "operate",
+    ("GET", "/v1/operations/{operation_id}"): "operate",
+    ("GET", "/v1/operations/{operation_id}/calls"): "operate",
+    ("POST", "/v1/operations/{operation_id}/cancel"): "operate",
 }
 
 

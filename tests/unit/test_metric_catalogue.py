@@ -92,7 +92,9 @@ def test_every_entry_says_what_it_means_and_where_it_moves() -> None:
 def test_the_loops_the_code_runs_are_the_catalogued_ones() -> None:
     """The ``loop`` label's values: each loop's name in the code, the bounded set the
     label checks hold samples to, and the catalogue's two rows, all the same set."""
-    from dispatcher.worker.consumer import RECOVERY_LOOP, REDRIVE_LOOP, RESUME_LOOP
+    from dispatcher.operations.processor import LOOP as OPERATIONS_LOOP
+    from dispatcher.webhooks.service import LOOP as WEBHOOKS_LOOP
+    from dispatcher.worker.consumer import BREAKER_LOOP, RECOVERY_LOOP, REDRIVE_LOOP, RESUME_LOOP
     from outbox_relay.relay import HOUSEKEEPING_LOOP
     from reconciler.loop import GAUGES_LOOP
     from reconciler.loop import LOOP as RECONCILE_LOOP
