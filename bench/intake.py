@@ -12,6 +12,9 @@ machine measured in the same run:
   psycopg-in-session  raw psycopg's rows (below) on the psycopg connection of the
            caller's ``AsyncSession``, one transaction per call: the floor any library
            call in the caller's session stands on
+  faststream  faststream-outbox's ``publish(body, queue=..., session=session)`` in the
+           caller's ``AsyncSession`` (same engine settings and pool): the outbox library
+           a Python user would otherwise pick, writing one row (bench.intake_peers)
   http     ``POST /v1/tool-calls`` against ``tool-dispatcher serve`` in its own process,
            driven by a minimal raw asyncio HTTP/1.1 keep-alive client in this process
   pgbench  the same rows in one plain transaction (INSERT the call RETURNING *, INSERT
@@ -23,7 +26,8 @@ inherits another's table growth. Run it as::
 
     .venv/bin/python -m bench.intake [--seconds 6] [--clients 1,16,64] [--rounds 3]
         [--database-url postgresql://postgres@127.0.0.1:5432/postgres]
-        [--only library,library-psycopg,session,psycopg-in-session,http,pgbench,psycopg]
+        [--only library,library-psycopg,session,psycopg-in-session,faststream,http,
+               pgbench,psycopg]
 
 With ``--rounds N`` every cell is measured N times, the modes in turn forward and then
 backward, and a ratio is the median of the rounds' own ratios: on a shared machine
@@ -55,6 +59,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from bench.harness import Call, Cell, drive, machine_busy_seconds, postgres_meter, render_table
 from bench.intake_http import run_http, run_http_per_core, server_flavour
+from bench.intake_peers import run_faststream
 from bench.intake_rows import CAPABILITY, INPUT, TENANT, pgbench_script, raw_rows
 from bench.intake_session import capture, describe, replay_client
 from devtools.databases import with_database
@@ -68,11 +73,13 @@ from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import Settings
 
 MODES = (
-    "library", "library-psycopg", "session", "psycopg-in-session",
+    "library", "library-psycopg", "session", "psycopg-in-session", "faststream",
     "http", "http-cores", "pgbench", "psycopg",
 )  # fmt: skip
 # Targets at 16 clients.
 TARGETS = {
+    # The best peer: faststream-outbox's publish in the caller's session.
+    "library/faststream": 1.2,
     "library/session": 0.9,
     "library/psycopg": 0.75,
     "library-psycopg/psycopg": 0.75,
@@ -330,6 +337,7 @@ RUNNERS = {
     "pgbench": run_pgbench,
     "psycopg": run_psycopg,
     "psycopg-in-session": run_psycopg_in_session,
+    "faststream": run_faststream,
 }
 
 
