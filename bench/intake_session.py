@@ -25,12 +25,15 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from bench.harness import Call
+from dispatcher.ids import time_ordered_uuid
 
-# What a captured parameter's ids and timestamps look like: a uuid4 (a toolCallId, an
-# outbox message id), 32 hex digits (an event id's), an ISO 8601 instant.
-_UUID4 = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+# What a captured parameter's ids and timestamps look like: a uuid of any version (a
+# toolCallId is time-ordered, version 7; an outbox message id a uuid4), 32 hex digits
+# (an event id's), an ISO 8601 instant. A fresh uuid is time-ordered: the ids of a
+# replayed call keep the order intake gives them.
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[1-8][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 _FRESH: dict[str, Callable[[], str]] = {
-    _UUID4: lambda: str(uuid.uuid4()),
+    _UUID: time_ordered_uuid,
     r"(?<![0-9a-f-])[0-9a-f]{32}(?![0-9a-f])": lambda: uuid.uuid4().hex,
     r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?\+00:00": lambda: datetime.now(UTC).isoformat(),
 }
