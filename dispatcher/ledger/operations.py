@@ -69,6 +69,22 @@ async def claim_operation(
     return (await session.execute(stmt)).first()
 
 
+async def release_operation(session: AsyncSession, operation_id: str, owner: str) -> bool:
+    """Give up ``owner``'s lease of a running operation (a processor stopping between
+    batches): another processor claims it at once instead of after the lease."""
+    stmt = (
+        update(bulk_operations)
+        .where(
+            _OPS.operation_id == operation_id,
+            _OPS.lease_owner == owner,
+            _OPS.state == OperationState.RUNNING.value,
+        )
+        .values(**LEASE_RELEASED)
+    )
+    result = await session.execute(stmt)
+    return bool(getattr(result, "rowcount", 0))
+
+
 async def hold_operation(session: AsyncSession, operation_id: str, owner: str) -> Row[Any] | None:
     """The operation, locked until the caller's transaction ends, if it is still running
     and ``owner``'s; None if it was cancelled, finished or taken over."""

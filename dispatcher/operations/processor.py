@@ -32,6 +32,7 @@ from dispatcher.ledger.operations import (
     hold_operation,
     move_operation,
     record_touched,
+    release_operation,
 )
 from dispatcher.operations.actions import Touch, touch_batch
 from dispatcher.operations.models import OperationKind
@@ -148,9 +149,13 @@ async def claim(p: Processor, operation_id: str | None = None) -> str | None:
 
 async def work_through(p: Processor, operation_id: str, stop: asyncio.Event | None = None) -> None:
     """Run the claimed operation's batches until it is finished, cancelled or lost, or
-    ``stop`` is set (its lease then lapses and another processor resumes it)."""
+    ``stop`` is set: then its lease is given up, so that another processor resumes it
+    at once (a killed processor's lease lapses instead)."""
     while (stop is None or not stop.is_set()) and await run_batch(p, operation_id):
         pass
+    if stop is not None and stop.is_set():
+        async with p.sessions() as session, session.begin():
+            await release_operation(session, operation_id, p.owner)
 
 
 async def step(p: Processor, stop: asyncio.Event) -> None:

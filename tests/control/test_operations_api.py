@@ -7,6 +7,7 @@ operation never touches a call twice, even run again from the start."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -238,6 +239,25 @@ async def test_a_cancelled_operation_touches_nothing_more(
         sorted((await statuses(sessions, "acme")).values()) == ["authorized"] * 3 + ["failed"] * 4
     )
     assert len(await retried_events(sessions, "acme")) == 3
+
+
+async def test_a_processor_that_stops_between_batches_hands_its_operation_on_at_once(
+    api: httpx.AsyncClient, sessions: Sessions, registry: CapabilityRegistry
+) -> None:
+    import asyncio
+
+    from dispatcher.operations.processor import claim, work_through
+
+    await failed_calls(sessions, [f"c{i}" for i in range(7)])
+    made = (await post(api, retry())).json()
+    first = processor(sessions, registry)
+    assert await claim(first) == made["operationId"]
+    stop = asyncio.Event()
+    stop.set()  # SIGTERM came: no batch more
+    await work_through(first, made["operationId"], stop)
+    # Its lease (30 s) was given up: another processor takes the operation now.
+    other = replace(first, owner="other-processor")
+    assert await claim(other) == made["operationId"]
 
 
 async def test_an_operation_touches_a_call_at_most_once(
