@@ -1,8 +1,9 @@
 """Dispatch throughput and machine CPU per call, in one run against one sandbox, one
 broker (an embedded Tansu) and one scratch database: the sandbox's own request rate,
-a minimal ideal worker (bench.ideal_worker), and tool-dispatcher with 1 and 2 worker
-processes. Targets: 1 worker at >= 0.5x the ideal's calls/s, and at most
-2x its machine CPU per call.
+a minimal ideal worker (bench.ideal_worker) on the project's table, a lean ideal worker
+on a table of its own (bench.lean_worker: the second ceiling), and tool-dispatcher with
+1 and 2 worker processes. Targets: 1 worker at >= 0.5x each ideal's calls/s, and at
+most 2x its machine CPU per call.
 
     .venv/bin/python -m bench.dispatch [--calls 5000] [--database-url URL]
         [--set worker_concurrency=256 --set provider_max_connections=8 ...]
@@ -34,6 +35,7 @@ import httpx
 import psutil  # type: ignore[import-untyped]
 import psycopg
 
+from bench import lean_worker
 from bench.cpu import (
     Rescanned,
     Round,
@@ -203,6 +205,45 @@ async def run_round(run: Run, name: str, argv: list[list[str]], n: int, tag: str
     return Round(name, completed, last - first, cpu, other, roles)
 
 
+async def lean_round(run: Run, n: int, sandbox_url: str) -> Round:
+    """``n`` calls in the lean ideal's own table, all waiting, and its process started:
+    measured as a worker round is, from its first claim to its last outcome."""
+    async with await psycopg.AsyncConnection.connect(run.url, autocommit=True) as conn:
+        await conn.execute(lean_worker.TABLE)
+        await conn.execute(lean_worker.INDEX)
+        await conn.execute(
+            "INSERT INTO lean_calls (id, status, key) "
+            "SELECT i, 'authorized', 'lean:' || i FROM generate_series(1, %s) AS i",
+            (n,),
+        )
+    if run.wait_quiet:
+        await wait_quiet(run.wait_quiet)
+    spawned: list[int] = []
+    sampler = run.sampler(spawned).start()
+    argv = ["-m", "bench.lean_worker", "--database-url", run.url, "--url",
+            f"{sandbox_url}/v1/requests"]  # fmt: skip
+    proc = await start_python(argv, run.env)
+    spawned.append(proc.pid)
+    try:
+        waiting = "SELECT count(*) FROM lean_calls WHERE status IN ('authorized', 'dispatching')"
+        await run.poll.wait_for(waiting, 0)
+    finally:
+        samples = sampler.stop()
+        proc.terminate()
+        await proc.wait()
+    first, last = map(
+        float,
+        run.poll.row(
+            "SELECT extract(epoch FROM min(dispatched_at)), extract(epoch FROM max(completed_at))"
+            " FROM lean_calls"
+        ),
+    )
+    cpu, other = cpu_between(samples, first, last)
+    completed = run.poll.scalar("SELECT count(*) FROM lean_calls WHERE status = 'completed'")
+    roles = by_role(samples, sampler.roles, first, last)
+    return Round(LEAN, completed, last - first, cpu, other, roles)
+
+
 async def sandbox_round(run: Run, port: int, seconds: float) -> Round:
     """The sandbox's own rate, driven by this process's raw HTTP/1.1 client (counted
     with it: the client is part of that run)."""
@@ -239,6 +280,7 @@ def rounds_table(rounds: list[Round], ideal: Round, one_worker: str) -> str:
 
 
 IDEAL = "ideal worker (bench.ideal_worker)"
+LEAN = "lean ideal worker (bench.lean_worker)"
 ONE = "tool-dispatcher, 1 worker"
 
 
@@ -282,6 +324,7 @@ async def main(args: argparse.Namespace) -> None:
         ceiling = await sandbox_round(run, port, args.seconds)
         async with httpx.AsyncClient() as client:
             await client.post(f"{sandbox_url}/v1/reset")
+            lean = await lean_round(run, args.calls, sandbox_url)
             rounds = [
                 await run_round(run, IDEAL, [ideal], args.calls, "ideal"),
                 await run_round(run, ONE, [worker], args.calls, "w1"),
@@ -300,9 +343,12 @@ async def main(args: argparse.Namespace) -> None:
 
     print()
     print(f"{psutil.cpu_count()} cores; load average {os.getloadavg()} at the end")
-    print(rounds_table([ceiling, *rounds], rounds[0], ONE))
+    print(rounds_table([ceiling, lean, *rounds], rounds[0], ONE))
     print()
-    header, rows = role_rows([ceiling, *rounds])
+    print("against the lean ideal (the second ceiling):")
+    print(rounds_table([lean, *rounds], lean, ONE))
+    print()
+    header, rows = role_rows([ceiling, lean, *rounds])
     print(render_table(rows, header, markdown=True))
     most = max(effects["effects"].values())
     print(
