@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import CapabilityRegistry
@@ -259,7 +259,24 @@ async def test_a_mover_blocked_on_the_row_lock_loses_when_the_holder_commits(
     sessions: Sessions, call_id: str
 ) -> None:
     first_updated = asyncio.Event()
-    first_committed = asyncio.Event()
+    seen_waiting: list[bool] = []
+
+    async def waiter_blocked() -> bool:
+        """Whether another backend of this database waits on a lock (the second mover's
+        UPDATE on our row), asked for up to 10 s: on a loaded machine its session may
+        take a while to send the UPDATE at all."""
+        async with sessions() as probe:
+            for _ in range(200):
+                waiting = await probe.scalar(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND datname = current_database()"
+                    )
+                )
+                if waiting:
+                    return True
+                await asyncio.sleep(0.05)
+        return False
 
     async def first() -> Any:
         async with sessions() as session:
@@ -275,21 +292,18 @@ async def test_a_mover_blocked_on_the_row_lock_loses_when_the_holder_commits(
                     fields={"lease_owner": "worker-1"},
                 )
                 first_updated.set()
-                # Give the second mover time to send its UPDATE and block on our lock.
-                await asyncio.sleep(0.3)
-            first_committed.set()
+                # Commit only once the second mover's UPDATE waits on our row's lock.
+                seen_waiting.append(await waiter_blocked())
             return row
 
     async def second() -> Any:
         await first_updated.wait()
-        try:
-            return await _dispatch(sessions, call_id, owner="worker-2")
-        finally:
-            # Its UPDATE could only finish after the first transaction let go of the row.
-            assert first_committed.is_set()
+        return await _dispatch(sessions, call_id, owner="worker-2")
 
     results = await asyncio.gather(first(), second(), return_exceptions=True)
 
+    # Its UPDATE could only finish after the first transaction let go of the row.
+    assert seen_waiting == [True]
     winner, loser = results
     assert not isinstance(winner, BaseException)
     assert winner.row.lease_owner == "worker-1"
