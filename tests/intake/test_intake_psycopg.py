@@ -186,6 +186,24 @@ async def test_the_intake_statement_is_parsed_once_per_process(
     assert (after.hits - before.hits, after.misses - before.misses) == (1, 0)
 
 
+async def test_the_run_guard_keeps_one_plan_and_leaves_the_callers_alone(
+    conn: psycopg.AsyncConnection[Any], registry: CapabilityRegistry
+) -> None:
+    """The run guard's read (``stopped_runs_locked``) was planned again on every call,
+    a sixth of the server's CPU per submission: the function forces its generic plan.
+    A setting of the function's own, restored when it returns: the caller's session
+    keeps the plan_cache_mode it had."""
+    await submit(conn, email("guarded"), tenant="acme", registry=registry)
+    mode = await (await conn.execute("SHOW plan_cache_mode")).fetchone()
+    config = await (
+        await conn.execute("SELECT proconfig FROM pg_proc WHERE proname = 'stopped_runs_locked'")
+    ).fetchone()
+    await conn.commit()
+
+    assert mode == ("auto",)
+    assert config == (["plan_cache_mode=force_generic_plan"],)
+
+
 def test_both_intake_statements_fit_the_parse_cache() -> None:
     """With and without the approvals' INSERT, and with the count of the runs'
     summaries, each statement is under the cache's limit, with room to spare."""
