@@ -5,6 +5,8 @@ transaction of its own, and its start, commit and toolCallId are written to ``--
 as JSON, with the process's own CPU seconds.
 
 ``--mode submit``: the library's ``submit()`` in the caller's ``AsyncSession``.
+``--mode submit-psycopg``: ``submit()`` on the caller's psycopg connection, from a pool
+like the minimal writer's (the library's other documented way in).
 ``--mode minimal``: a minimal writer, raw psycopg inserting the same three outbox rows
 a submission publishes (its two events and its dispatch command) and nothing else.
 """
@@ -49,6 +51,25 @@ def submitter(url: str) -> tuple[Callable[[int], Awaitable[str]], Callable[[], A
     return one, engine.dispose
 
 
+def psycopg_submitter(
+    url: str,
+) -> tuple[Callable[[int], Awaitable[str]], Callable[[], Awaitable[None]]]:
+    pool = AsyncConnectionPool(url, min_size=POOL, max_size=POOL, open=False)
+    registry = sandbox_registry()
+    opened = asyncio.Event()
+
+    async def one(i: int) -> str:
+        if not opened.is_set():
+            await pool.open()
+            opened.set()
+        request = SubmitRequest(run_id=f"run-{i % 100}", capability_id=CAPABILITY, input=INPUT)
+        async with pool.connection() as conn:  # commits on exit
+            done = await submit(conn, request, tenant=TENANT, registry=registry)
+        return done.view.tool_call_id
+
+    return one, pool.close
+
+
 def minimal_writer(
     url: str,
 ) -> tuple[Callable[[int], Awaitable[str]], Callable[[], Awaitable[None]]]:
@@ -85,7 +106,8 @@ def minimal_writer(
 
 
 async def run(url: str, mode: str, rate: float, seconds: float) -> dict[str, Any]:
-    one, close = submitter(url) if mode == "submit" else minimal_writer(url)
+    writers = {"submit": submitter, "submit-psycopg": psycopg_submitter}
+    one, close = writers.get(mode, minimal_writer)(url)
     await one(-1)  # warm: connections, statement caches
     total = round(rate * seconds)
     calls: list[list[Any]] = []
@@ -112,7 +134,7 @@ async def run(url: str, mode: str, rate: float, seconds: float) -> dict[str, Any
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pipeline_producer")
     parser.add_argument("--database-url", required=True)
-    parser.add_argument("--mode", choices=("submit", "minimal"), required=True)
+    parser.add_argument("--mode", choices=("submit", "submit-psycopg", "minimal"), required=True)
     parser.add_argument("--rate", type=float, required=True)
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--out", type=Path, required=True)
