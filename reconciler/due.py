@@ -16,10 +16,10 @@ commit lands late is still due on the next claim, so no commit-order gap can ski
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import ColumnElement, extract, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -133,25 +133,33 @@ async def claim_due(
             tool_calls.c.traceparent,
         ),
     )
+    # Unpacked by position and the status looked up in a dict: a batch's rows are
+    # decoded here one by one (attribute access and Enum() were 4% of a pass).
     return [
         DueCall(
-            tool_call_id=r.tool_call_id,
-            tenant=r.tenant,
-            run_id=r.run_id,
-            capability_id=r.capability_id,
-            status=S(r.status),
-            provider_key=stored_provider_key(r.tenant, r.idempotency_key, r.provider_key),
-            external_request_id=r.external_request_id,
-            version=r.version,
-            reconcile_attempts=r.reconcile_attempts,
-            dispatch_attempts=r.dispatch_attempts,
-            age_seconds=float(r.age_seconds),
-            compensation_requested=bool(r.compensation_requested),
-            last_error=r.last_error,
-            traceparent=r.traceparent,
+            tool_call_id=call,
+            tenant=tenant,
+            run_id=run_id,
+            capability_id=capability_id,
+            status=_STATUSES[status],
+            provider_key=stored_provider_key(tenant, key, provider_key),
+            external_request_id=external_id,
+            version=version,
+            reconcile_attempts=looks,
+            dispatch_attempts=sends,
+            age_seconds=float(age),
+            compensation_requested=bool(compensating),
+            last_error=error,
+            traceparent=traceparent,
         )
-        for r in rows
-    ]
+        for (
+            call, tenant, run_id, capability_id, status, key, provider_key, external_id,
+            version, looks, sends, age, compensating, error, traceparent,
+        ) in cast("Sequence[tuple[Any, ...]]", rows)
+    ]  # fmt: skip
+
+
+_STATUSES = {s.value: s for s in FOLLOWED_UP}
 
 
 async def database_now(session: AsyncSession) -> datetime:

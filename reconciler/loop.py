@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 
 LOOP = "reconcile"
 """The ``loop`` label of the service loop's step metrics and the name in its log lines."""
+BATCHES_IN_FLIGHT = 2
+"""Batches a pass keeps in flight by default: one's lookups overlap the other's writes."""
 GAUGES_LOOP = "reconciler_gauges"
 """The loop that refreshes the reconciler's gauges (:func:`reconciler.metrics.refresh`)."""
 
@@ -75,7 +77,7 @@ class Reconciler:
         batch_size: int = 200,
         concurrency: int = 64,
         lease_seconds: float = 60.0,
-        batches_in_flight: int = 2,
+        batches_in_flight: int = BATCHES_IN_FLIGHT,
         secrets: Credentials | dict[str, str] | None = None,
     ) -> None:
         self.owner = owner or owner_id("reconciler")
