@@ -9,6 +9,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# No wall-clock limit on an example: a test never holds one, and an example that talks
+# to PostgreSQL on a busy machine can take longer than hypothesis's default 200 ms.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 pytest_plugins = [
     "tests.fixtures.services",

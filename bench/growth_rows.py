@@ -7,7 +7,7 @@ and ``gen_steps`` (alias ``s``): each table's columns by name, so that
 from __future__ import annotations
 
 from bench.growth_paths import CAUSED, COMMANDS, PAYLOADS, iso
-from dispatcher.ledger.events import envelope_sql
+from dispatcher.ledger.events import envelope_sql, published_sql
 from dispatcher.states import ExecutionStatus
 from dispatcher.tenancy import ordering_key_sql
 
@@ -150,9 +150,10 @@ CROSS JOIN LATERAL (SELECT c.created_at + s.after_ms * interval '1 ms'
 
 
 def outbox_sql() -> str:
-    """The outbox rows of the chunk's last day, in time order: each event's message, each
-    dispatch command, each escalation's messages; published 4 ms after they were
-    written, as the relay leaves them, but for the live calls' waiting commands."""
+    """The outbox rows of the chunk's last day, in time order: each published event's
+    message (:func:`dispatcher.ledger.events.published_sql`), each dispatch command,
+    each escalation's messages; published 4 ms after they were written, as the relay
+    leaves them, but for the live calls' waiting commands."""
     payload, headers = envelope_sql("e", "e.occurred")
     key = ordering_key_sql("e.tenant", "e.run_id")
     command_key = ordering_key_sql("e.tenant", "e.tool_call_id")
@@ -165,6 +166,7 @@ FROM (
     SELECT 'tool-dispatcher.events' AS topic, {key} AS key, {payload} AS payload,
         {headers} AS headers, e.at, 0 AS part, false AS waiting
     FROM ({EVENTS}) AS e
+    WHERE {published_sql("e")}
     UNION ALL
     SELECT 'tool-dispatcher.commands', {command_key},
         jsonb_build_object('toolCallId', e.tool_call_id, 'tenant', e.tenant, 'runId', e.run_id,

@@ -23,7 +23,7 @@ from devtools.registries import capability, registry_of
 from devtools.sandbox import SandboxServer
 from dispatcher.db.tables import execution_events
 from dispatcher.intake.service import submit
-from dispatcher.ledger.events import envelope
+from dispatcher.ledger.events import LOG_ONLY, envelope
 from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.transport import Transport
 from dispatcher.schemas import EventView, SubmitRequest
@@ -71,6 +71,8 @@ def test_every_generated_event_matches_its_schema_in_the_log_and_on_the_topic(
     )
     assert problems == Counter()
     assert messages, "the outbox holds the last day's messages"
+    # The service writes no message for a log-only event: neither does the history.
+    assert {m["payload"]["eventType"] for m in messages}.isdisjoint(LOG_ONLY)
 
 
 def test_every_run_folds_to_its_calls_recorded_statuses_in_the_path_mix(history: str) -> None:

@@ -2,7 +2,8 @@
 
 Rows are built here and inserted in the same transaction as the state change they
 describe (see :mod:`dispatcher.intake.service` and :mod:`dispatcher.ledger.transitions`);
-each is published on the events topic through the outbox (:mod:`dispatcher.ledger.messages`).
+each but those of :data:`LOG_ONLY` is published on the events topic through the outbox
+(:mod:`dispatcher.ledger.messages`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,37 @@ class EventType(StrEnum):
     APPROVAL_EXPIRED = "approval.expired"
     # A run-level fact: no tool call of its own.
     RUN_STOPPED = "run.stopped"
+
+
+LOG_ONLY: frozenset[EventType] = frozenset({EventType.TOOL_CALL_DISPATCHING})
+"""The event types recorded in the log (``execution_events``: the API's events, the
+console, the run view's fold, the chaos checker) but never published on the events
+topic; every writer of events and their messages leaves these out of the outbox
+(:func:`record_events`, :func:`published_sql`).
+
+A claim (``authorized -> dispatching``) is the worker's bookkeeping: its message would
+be one more outbox row for every call dispatched, for the relay and the broker to
+carry, and what a consumer acts on is what follows it, each of which is published
+(``completed``, ``accepted``, ``failed``, ``result_unknown``, or a takeover by the
+recovery sweep). ``tool.call.redispatched`` stays published: a reconciler's re-send of
+a call in doubt, or the recovery sweep running a read-only call again, is news to a
+consumer, not routine."""
+
+
+def is_published(event_type: str) -> bool:
+    """Whether an event of ``event_type`` also goes on the events topic."""
+    return event_type not in LOG_ONLY
+
+
+def published_sql(row: str) -> str:
+    """:func:`is_published` as a SQL condition on ``row``, an alias with an ``event_type``
+    column: the types are constants in the text, so a statement's text stays the same
+    (compiled and prepared once) and no parameter carries them."""
+    if not LOG_ONLY:
+        return "true"
+    # Event types are this module's constants (dotted lowercase words): nothing to quote.
+    kept_out = ", ".join(f"'{t.value}'" for t in sorted(LOG_ONLY))
+    return f"{row}.event_type NOT IN ({kept_out})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,10 +238,12 @@ async def record_events(
     *,
     topics: Topics = DEFAULT_TOPICS,
 ) -> None:
-    """Append ``events`` to the log and their messages to the outbox, in the caller's
-    transaction."""
+    """Append ``events`` to the log and the messages of those published (all but
+    :data:`LOG_ONLY`'s) to the outbox, in the caller's transaction."""
     if not events:
         return
     # A list of parameter sets, not .values(list): the compiled statement is cached.
     await session.execute(_INSERT_EVENTS, list(events))
-    await enqueue(session, [event_message(e, topics) for e in events])
+    await enqueue(
+        session, [event_message(e, topics) for e in events if is_published(e["event_type"])]
+    )

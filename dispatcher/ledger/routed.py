@@ -30,6 +30,7 @@ from sqlalchemy import (
     insert,
     literal_column,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -40,7 +41,13 @@ from sqlalchemy.sql.selectable import CTE, TableValuedAlias
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.ledger import summaries
 from dispatcher.ledger.batched import EVENT_COLUMNS, MESSAGE_COLUMNS, as_json
-from dispatcher.ledger.events import CallContext, EventType, envelope_sql, event_row
+from dispatcher.ledger.events import (
+    CallContext,
+    EventType,
+    envelope_sql,
+    event_row,
+    published_sql,
+)
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.transitions import (
     BulkMove,
@@ -241,7 +248,8 @@ def _recorded(moved: CTE, candidates: Sequence[Mapping[str, Any]], topics: Topic
     """The moved calls, with the events of the status each was moved to and their
     outbox rows inserted, as one statement: PostgreSQL runs every data-modifying CTE
     to completion whether or not the main SELECT reads it. Each message is built from
-    its event in the statement (:func:`dispatcher.ledger.events.envelope_sql`)."""
+    its event in the statement (:func:`dispatcher.ledger.events.envelope_sql`); an event
+    of a log-only type (:data:`dispatcher.ledger.events.LOG_ONLY`) gets none."""
     rows = [as_json(e) for e in candidates]
     events = [
         {**r, "occurred": r["occurred_at"], "to_status": r["payload"]["to"], "ord": i}
@@ -277,6 +285,7 @@ def _recorded(moved: CTE, candidates: Sequence[Mapping[str, Any]], topics: Topic
             literal_column(headers, JSONB),
         )
         .select_from(chosen)
+        .where(text(published_sql("chosen")))
         .order_by(chosen.c.ord),
     )
     return select(moved).add_cte(inserted.cte("recorded")).add_cte(published.cte("published"))

@@ -311,7 +311,8 @@ async def move_many(
 ) -> list[Moved]:
     """:func:`move` for many calls in three statements, whatever their number: one
     conditional UPDATE (each row fenced by status, ``lease_owner`` unless None, its own
-    version unless None, and ``where``), one INSERT of events, one of outbox rows.
+    version unless None, and ``where``), one INSERT of events, one of outbox rows (none
+    for an event of :data:`~dispatcher.ledger.events.LOG_ONLY`, a claim's).
 
     Every move must carry the same ``values`` keys. A call that no longer matches its
     fence is skipped rather than failing the batch: its row is simply missing from

@@ -2,8 +2,10 @@
 transaction.
 
 A batch claim is one conditional UPDATE of every named call that is still in the
-expected state (plus its events and outbox rows): a duplicate command, a call already
-claimed or recorded, or one that is not ``authorized`` is simply not in the result.
+expected state (plus its events, and the outbox rows of those published: a claim's
+``tool.call.dispatching`` is in the log only, a re-send's ``tool.call.redispatched`` is
+published): a duplicate command, a call already claimed or recorded, or one that is not
+``authorized`` is simply not in the result.
 """
 
 from __future__ import annotations

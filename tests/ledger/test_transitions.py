@@ -113,6 +113,39 @@ async def test_move_changes_status_and_records_one_event(sessions: Sessions, cal
     assert event["payload"] == {"from": ["authorized"], "to": "dispatching", "n": 1}
 
 
+async def _messages_of(sessions: Sessions, event_ids: list[str]) -> list[str]:
+    """The ce_type of each outbox row of the events ``event_ids``."""
+    async with sessions() as session:
+        rows = await session.execute(
+            select(outbox.c.headers["ce_type"].astext).where(
+                outbox.c.headers["ce_id"].astext.in_(event_ids)
+            )
+        )
+    return [r[0] for r in rows]
+
+
+async def test_a_claim_moved_alone_is_logged_but_not_published_and_its_outcome_is_both(
+    sessions: Sessions, call_id: str
+) -> None:
+    """The single-call path (``record_events``) leaves the claim's event out of the
+    outbox (``LOG_ONLY``) as the batch statement does, and publishes the outcome's."""
+    await _dispatch(sessions, call_id)
+    async with sessions() as session, session.begin():
+        await move(
+            session,
+            call_id,
+            tenant="acme",
+            expected=S.DISPATCHING,
+            target=S.COMPLETED,
+            event_type=EventType.TOOL_CALL_COMPLETED,
+            producer="tool-dispatcher.worker",
+            fence=Fence(owner="worker-1"),
+        )
+    events = {e["event_type"]: e["event_id"] for e in await _events(sessions, call_id)}
+    assert await _messages_of(sessions, [events["tool.call.dispatching"]]) == []
+    assert await _messages_of(sessions, [events["tool.call.completed"]]) == ["tool.call.completed"]
+
+
 async def test_rolled_back_move_leaves_neither_state_nor_event(
     sessions: Sessions, call_id: str
 ) -> None:
@@ -275,6 +308,9 @@ async def test_a_mover_blocked_on_the_row_lock_loses_when_the_holder_commits(
                 )
                 if waiting:
                     return True
+                # A transaction reads pg_stat_activity once, at its first look: end it,
+                # or every later look sees the backends as they were then.
+                await probe.rollback()
                 await asyncio.sleep(0.05)
         return False
 

@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from devtools.embedded import free_port, wait_for_port
 from devtools.registries import capability, registry_of
 from dispatcher.db.tables import execution_events, tool_calls
+from dispatcher.ledger.events import LOG_ONLY
 from tests.fixtures.capabilities import registry_file
 from tests.fixtures.relay import TopicReader
 from tests.fixtures.sandbox import add_fault, at_provider, books
@@ -125,9 +126,14 @@ async def _submit_all(ports: list[int]) -> Counter[int]:
 async def _assert_run_order(
     stack: ProcessStack, sessions: async_sessionmaker[AsyncSession], bootstrap: str
 ) -> None:
-    """Each run's first deliveries, in partition order, have rising ``seq``."""
+    """Each run's first deliveries, in partition order, have rising ``seq``: every event
+    published (all but the log-only ones, ``LOG_ONLY``)."""
     async with sessions() as session:
-        rows = await session.execute(select(execution_events.c.event_id, execution_events.c.seq))
+        rows = await session.execute(
+            select(execution_events.c.event_id, execution_events.c.seq).where(
+                execution_events.c.event_type.not_in(sorted(LOG_ONLY))
+            )
+        )
         seq = {event_id: s for event_id, s in rows}
     async with TopicReader(bootstrap, stack.topics["events"]) as reader:
         await reader.until(lambda got: len({m.value["eventId"] for m in got}) >= len(seq), 120)

@@ -134,14 +134,76 @@ async def test_a_batch_passes_its_crash_points_in_order_and_writes_to_its_topics
         assert await executor.execute(call, "acme") is S.COMPLETED
 
     assert crash.labels == ["after-claim", "after-send", "after-record"]
-    # Every event of the call, to its last, on the site's topic.
+    # Every published event of the call, to its last, on the site's topic (the claim's
+    # is in the log only: tests below).
     published = [r["payload"]["eventType"] for r in await outbox_rows(sessions, TOPICS.events)]
-    assert published[-3:] == [
+    assert published[-2:] == ["tool.call.authorized", "tool.call.completed"]
+    assert await outbox_rows(sessions, DEFAULT_TOPICS.events) == []
+
+
+async def _log_and_messages(sessions: Sessions, call: str) -> tuple[dict[str, str], set[str]]:
+    """The call's events in its log (event type to id; one event of each type here), and
+    the event ids of the messages in the outbox's events topic."""
+    logged = {e["event_type"]: e["event_id"] for e in await events_of(sessions, call)}
+    messages = {r["headers"]["ce_id"] for r in await outbox_rows(sessions, TOPICS.events)}
+    return logged, messages
+
+
+async def test_a_claim_is_in_the_log_but_not_on_the_bus_and_its_outcome_is_in_both(
+    sessions: Sessions, registry: CapabilityRegistry, executor: Executor
+) -> None:
+    """The claim's ``tool.call.dispatching`` is the worker's bookkeeping: the log (the
+    API's events, the console, the run view) keeps it; consumers get the outcome."""
+    call = await submit_call(
+        sessions, registry, "refund", {"n": 1}, key="k-log-only", topics=dataclasses.asdict(TOPICS)
+    )
+    claim = await executor.claim(call, "acme")
+    assert claim is not None
+    logged, messages = await _log_and_messages(sessions, call)
+    assert "tool.call.dispatching" in logged
+    assert logged["tool.call.dispatching"] not in messages
+    assert logged["tool.call.authorized"] in messages
+
+    assert await executor.run(claim) is S.COMPLETED
+    logged, messages = await _log_and_messages(sessions, call)
+    assert list(logged) == [
+        "tool.call.requested",
         "tool.call.authorized",
         "tool.call.dispatching",
         "tool.call.completed",
     ]
-    assert await outbox_rows(sessions, DEFAULT_TOPICS.events) == []
+    assert logged["tool.call.dispatching"] not in messages
+    assert logged["tool.call.completed"] in messages
+    published = {r["headers"]["ce_type"] for r in await outbox_rows(sessions, TOPICS.events)}
+    assert "tool.call.dispatching" not in published
+
+
+async def test_a_batch_claim_writes_every_claim_to_the_log_and_none_to_the_outbox(
+    sessions: Sessions, registry: CapabilityRegistry, executor: Executor
+) -> None:
+    calls = [
+        await submit_call(
+            sessions,
+            registry,
+            "refund",
+            {"n": i},
+            key=f"k-batch-log-{i}",
+            topics=dataclasses.asdict(TOPICS),
+        )
+        for i in range(3)
+    ]
+    before = len(await outbox_rows(sessions, TOPICS.events))
+
+    claims = await executor.claim_many([("acme", call) for call in calls])
+
+    assert len(claims) == 3
+    for call in calls:
+        assert (await event_types(sessions, call))[-1] == "tool.call.dispatching"
+    # Not one message for the three claims.
+    assert len(await outbox_rows(sessions, TOPICS.events)) == before
+    assert set((await executor.run_many(claims)).values()) == {S.COMPLETED}
+    after = await outbox_rows(sessions, TOPICS.events)
+    assert [r["headers"]["ce_type"] for r in after[before:]] == ["tool.call.completed"] * 3
 
 
 async def test_claim_in_refuses_with_the_call_and_target_named_and_does_not_settle(

@@ -95,9 +95,10 @@ async def test_final_success_is_completed_straight_from_dispatching(
     published = [
         r["headers"]["ce_type"] for r in await outbox_rows(sessions, DEFAULT_TOPICS.events)
     ]
+    # The claim's event is in the log only (LOG_ONLY): consumers get the outcome.
     assert published[-3:] == [
+        "tool.call.requested",
         "tool.call.authorized",
-        "tool.call.dispatching",
         "tool.call.completed",
     ]
     assert (await books(sandbox.url))["effects"] == {at_provider("refund:o-1"): 1}
