@@ -5,7 +5,7 @@ on a table of its own (bench.lean_worker: the second ceiling), and tool-dispatch
 1 and 2 worker processes. Targets: 1 worker at >= 0.5x each ideal's calls/s, and at
 most 2x its machine CPU per call.
 
-    .venv/bin/python -m bench.dispatch [--calls 5000] [--database-url URL]
+    .venv/bin/python -m bench.dispatch [--calls 5000] [--rounds 3] [--database-url URL]
         [--set worker_concurrency=256 --set provider_max_connections=8 ...]
         [--wait-quiet SECONDS]
 
@@ -16,7 +16,9 @@ start. A round's calls/s is its calls over the database's span from the first cl
 to the last outcome; its CPU is what every process of the run (bench.cpu.Sampler:
 the workers, the relay, PostgreSQL, the broker, the sandbox) used from that first
 claim until the last outcome or, when later, the relay's last publish of the round's
-outbox rows, divided by its calls.
+outbox rows, divided by its calls. With --rounds, every ceiling and worker round is
+measured again, the order reversed each time, and the targets' ratios are the medians
+of the rounds' own (bench.dispatch_rounds).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from bench.cpu import (
     server_processes,
     with_children,
 )
+from bench.dispatch_rounds import median_ratios, schedule
 from bench.harness import render_table, service_env, start_python
 from bench.intake import wait_quiet
 from bench.sandbox import measure, start_sandbox
@@ -205,16 +208,18 @@ async def run_round(run: Run, name: str, argv: list[list[str]], n: int, tag: str
     return Round(name, completed, last - first, cpu, other, roles)
 
 
-async def lean_round(run: Run, n: int, sandbox_url: str) -> Round:
-    """``n`` calls in the lean ideal's own table, all waiting, and its process started:
-    measured as a worker round is, from its first claim to its last outcome."""
+async def lean_round(run: Run, n: int, sandbox_url: str, tag: str) -> Round:
+    """``n`` calls in the lean ideal's own table (emptied first), all waiting, keyed
+    ``<tag>:<i>``, and its process started: measured as a worker round is, from its
+    first claim to its last outcome."""
     async with await psycopg.AsyncConnection.connect(run.url, autocommit=True) as conn:
         await conn.execute(lean_worker.TABLE)
         await conn.execute(lean_worker.INDEX)
+        await conn.execute("TRUNCATE lean_calls")
         await conn.execute(
             "INSERT INTO lean_calls (id, status, key) "
-            "SELECT i, 'authorized', 'lean:' || i FROM generate_series(1, %s) AS i",
-            (n,),
+            "SELECT i, 'authorized', %s || ':' || i FROM generate_series(1, %s) AS i",
+            (tag, n),
         )
     if run.wait_quiet:
         await wait_quiet(run.wait_quiet)
@@ -282,6 +287,7 @@ def rounds_table(rounds: list[Round], ideal: Round, one_worker: str) -> str:
 IDEAL = "ideal worker (bench.ideal_worker)"
 LEAN = "lean ideal worker (bench.lean_worker)"
 ONE = "tool-dispatcher, 1 worker"
+TWO = "tool-dispatcher, 2 workers"
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -324,12 +330,14 @@ async def main(args: argparse.Namespace) -> None:
         ceiling = await sandbox_round(run, port, args.seconds)
         async with httpx.AsyncClient() as client:
             await client.post(f"{sandbox_url}/v1/reset")
-            lean = await lean_round(run, args.calls, sandbox_url)
-            rounds = [
-                await run_round(run, IDEAL, [ideal], args.calls, "ideal"),
-                await run_round(run, ONE, [worker], args.calls, "w1"),
-                await run_round(run, "tool-dispatcher, 2 workers", [worker] * 2, args.calls, "w2"),
-            ]
+            argv = {IDEAL: ([ideal], "ideal"), ONE: ([worker], "w1"), TWO: ([worker] * 2, "w2")}
+            measured: list[dict[str, Round]] = [{} for _ in range(args.rounds)]
+            for r, name in schedule([LEAN, IDEAL, ONE, TWO], args.rounds):
+                if name == LEAN:
+                    measured[r][name] = await lean_round(run, args.calls, sandbox_url, f"lean{r}")
+                else:
+                    procs, tag = argv[name]
+                    measured[r][name] = await run_round(run, name, procs, args.calls, f"{tag}{r}")
             effects = (await client.get(f"{sandbox_url}/v1/effects")).json()
     finally:
         poll.close()
@@ -343,13 +351,15 @@ async def main(args: argparse.Namespace) -> None:
 
     print()
     print(f"{psutil.cpu_count()} cores; load average {os.getloadavg()} at the end")
-    print(rounds_table([ceiling, lean, *rounds], rounds[0], ONE))
-    print()
-    print("against the lean ideal (the second ceiling):")
-    print(rounds_table([lean, *rounds], lean, ONE))
-    print()
-    header, rows = role_rows([ceiling, lean, *rounds])
-    print(render_table(rows, header, markdown=True))
+    for r, by_name in enumerate(measured):
+        if args.rounds > 1:
+            print(f"\nround {r + 1} of {args.rounds}")
+        print_round(ceiling, by_name)
+    if args.rounds > 1:
+        print()
+        for ceiling_name in (IDEAL, LEAN):
+            for line in median_ratios(measured, ONE, ceiling_name, min_rate=0.5, max_cpu=2.0):
+                print(line)
     most = max(effects["effects"].values())
     print(
         f"\nsandbox's maximum effects per key: {most} (must be 1), "
@@ -360,12 +370,31 @@ async def main(args: argparse.Namespace) -> None:
         raise SystemExit(f"AN EFFECT HAPPENED TWICE: {len(twice)} keys, e.g. {twice[:5]}")
 
 
+def print_round(ceiling: Round, by_name: dict[str, Round]) -> None:
+    """One round's tables: against the ideal, against the lean ideal, CPU by process."""
+    lean, rounds = by_name[LEAN], [by_name[n] for n in (IDEAL, ONE, TWO)]
+    print(rounds_table([ceiling, lean, *rounds], by_name[IDEAL], ONE))
+    print()
+    print("against the lean ideal (the second ceiling):")
+    print(rounds_table([lean, *rounds], lean, ONE))
+    print()
+    header, rows = role_rows([ceiling, lean, *rounds])
+    print(render_table(rows, header, markdown=True))
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         prog="python -m bench.dispatch", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--seconds", type=float, default=5.0, help="sandbox measurement")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure the ideals and the workers this many times, the order reversed each "
+        "round; ratios are the medians of the rounds' own",
+    )
     parser.add_argument(
         "--wait-quiet",
         type=float,
