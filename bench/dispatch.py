@@ -410,4 +410,7 @@ if __name__ == "__main__":
         metavar="NAME=VALUE",
         help="a setting for the relay and the workers, e.g. worker_concurrency=256",
     )
-    asyncio.run(main(parser.parse_args()))
+    parsed = parser.parse_args()
+    if parsed.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    asyncio.run(main(parsed))
