@@ -6,6 +6,7 @@ the log-only types (``LOG_ONLY``), which are logged all the same (real PostgreSQ
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -147,36 +148,55 @@ async def test_both_writers_log_every_event_and_publish_all_but_the_log_only_one
     assert await published(sessions, written) == [event_message(e, TOPICS) for e in kept]
 
 
+async def _move_routed(
+    sessions: Sessions,
+    targets: Sequence[tuple[str, S]],
+    expected_: S,
+    routes: dict[S, Route],
+    context: CallContext,
+) -> list[Moved]:
+    """Each ``(call, target)`` moved by one routed statement, with ``context``'s ids."""
+    moves = [
+        RoutedMove(
+            BulkMove(call, tenant="acme"), target, dataclasses.replace(context, tool_call_id=call)
+        )
+        for call, target in targets
+    ]
+    async with sessions() as session, session.begin():
+        return await move_each(
+            session,
+            moves,
+            expected=expected_,
+            routes=routes,
+            producer=Producer.WORKER,
+            lease_owner=None,
+            topics=TOPICS,
+        )
+
+
 async def test_a_routed_batchs_messages_are_those_of_the_events_it_kept(
     sessions: Sessions,
 ) -> None:
     ok = await insert_call(sessions, "dispatching", cap_id="bm-routed")
     bad = await insert_call(sessions, "dispatching", cap_id="bm-routed")
-
-    def routed(call: str, target: S) -> RoutedMove:
-        context = CallContext(
-            tenant="acme",
-            run_id="run-routed",
-            tool_call_id=call,
-            capability_id="bm-routed",
-            turn_id="turn-7",
-            correlation_id="corr-1",
-        )
-        return RoutedMove(BulkMove(call, tenant="acme"), target, context)
-
-    async with sessions() as session, session.begin():
-        moved = await move_each(
-            session,
-            [routed(ok, S.COMPLETED), routed(bad, S.FAILED)],
-            expected=S.DISPATCHING,
-            routes={
-                S.COMPLETED: Route(EventType.TOOL_CALL_COMPLETED),
-                S.FAILED: Route(EventType.TOOL_CALL_FAILED),
-            },
-            producer=Producer.WORKER,
-            lease_owner=None,
-            topics=TOPICS,
-        )
+    context = CallContext(
+        tenant="acme",
+        run_id="run-routed",
+        tool_call_id="",
+        capability_id="bm-routed",
+        turn_id="turn-7",
+        correlation_id="corr-1",
+    )
+    moved = await _move_routed(
+        sessions,
+        [(ok, S.COMPLETED), (bad, S.FAILED)],
+        S.DISPATCHING,
+        {
+            S.COMPLETED: Route(EventType.TOOL_CALL_COMPLETED),
+            S.FAILED: Route(EventType.TOOL_CALL_FAILED),
+        },
+        context,
+    )
     assert {m.event["event_type"] for m in moved} == {"tool.call.completed", "tool.call.failed"}
     assert await published(sessions, ids(moved)) == expected(
         sorted(moved, key=lambda m: (m.row.tenant, m.row.tool_call_id))
@@ -188,26 +208,19 @@ async def test_a_routed_batch_logs_a_log_only_event_and_publishes_the_others(
 ) -> None:
     claimed = await insert_call(sessions, "authorized", cap_id="bm-routed-claim")
     cancelled = await insert_call(sessions, "authorized", cap_id="bm-routed-claim")
-
-    def routed(call: str, target: S) -> RoutedMove:
-        context = CallContext(
-            tenant="acme", run_id="run-1", tool_call_id=call, capability_id="bm-routed-claim"
-        )
-        return RoutedMove(BulkMove(call, tenant="acme"), target, context)
-
-    async with sessions() as session, session.begin():
-        moved = await move_each(
-            session,
-            [routed(claimed, S.DISPATCHING), routed(cancelled, S.CANCELLED)],
-            expected=S.AUTHORIZED,
-            routes={
-                S.DISPATCHING: Route(EventType.TOOL_CALL_DISPATCHING),
-                S.CANCELLED: Route(EventType.TOOL_CALL_CANCELLED),
-            },
-            producer=Producer.WORKER,
-            lease_owner=None,
-            topics=TOPICS,
-        )
+    context = CallContext(
+        tenant="acme", run_id="run-1", tool_call_id="", capability_id="bm-routed-claim"
+    )
+    moved = await _move_routed(
+        sessions,
+        [(claimed, S.DISPATCHING), (cancelled, S.CANCELLED)],
+        S.AUTHORIZED,
+        {
+            S.DISPATCHING: Route(EventType.TOOL_CALL_DISPATCHING),
+            S.CANCELLED: Route(EventType.TOOL_CALL_CANCELLED),
+        },
+        context,
+    )
     assert len(moved) == 2
     assert sorted(await logged(sessions, ids(moved))) == sorted(ids(moved))
     assert await published(sessions, ids(moved)) == expected(
