@@ -24,6 +24,7 @@ from dispatcher.logs import configure_logging
 from dispatcher.settings import Settings, hash_api_key, load_settings
 from kit import telemetry
 from kit.cli import OneLineArgumentParser, fail
+from kit.heap import freeze_startup
 from kit.signals import until_signal
 from tool_dispatcher import (
     approvals,
@@ -43,8 +44,9 @@ from tool_dispatcher.parsing import require_registry
 # A subcommand with a module of its own adds its parser there, which sets ``handler``.
 Handler = Callable[[argparse.Namespace, Settings], int]
 
-# The commands that export traces (when the settings turn them on), each with the
-# process name its spans carry (service.name tool-dispatcher-<name>).
+# The service's processes: each exports traces (when the settings turn them on), with
+# the process name its spans carry (service.name tool-dispatcher-<name>), and freezes
+# its startup heap (kit.heap).
 TRACED = {
     "serve": "api",
     "worker": "worker",
@@ -97,6 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             tracing.start(settings, TRACED[args.command])
     except ValueError as exc:
         fail(f"bad traces setting: {exc}")
+    if args.command in TRACED:
+        freeze_startup()
     try:
         return _run(args, settings)
     except KeyboardInterrupt:
