@@ -41,12 +41,18 @@ def median_ratios(
     rates = [s.rate / c.rate for s, c in pairs]
     cpus = [s.cpu_per_call_us / c.cpu_per_call_us for s, c in pairs]
     return [
-        _line(f"{subject} / {ceiling}, calls/s", rates, f">= {min_rate}x", min_rate, above=True),
-        _line(f"{subject} / {ceiling}, CPU per call", cpus, f"<= {max_cpu}x", max_cpu, above=False),
+        median_line(
+            f"{subject} / {ceiling}, calls/s", rates, f">= {min_rate}x", min_rate, above=True
+        ),
+        median_line(
+            f"{subject} / {ceiling}, CPU per call", cpus, f"<= {max_cpu}x", max_cpu, above=False
+        ),
     ]
 
 
-def _line(label: str, values: list[float], target: str, bound: float, *, above: bool) -> str:
+def median_line(label: str, values: list[float], target: str, bound: float, *, above: bool) -> str:
+    """``label``: the median of ``values`` (each listed when there are several), and its
+    verdict against ``bound`` (a floor when ``above``, else a ceiling)."""
     value = statistics.median(values)
     each = f" (median of {', '.join(f'{v:.2f}' for v in values)})" if len(values) > 1 else ""
     ok = value >= bound if above else value <= bound

@@ -5,7 +5,7 @@ reconciler at >= 0.9x the ideal's calls/s, over a small backlog (3,000 due calls
 over a large one (10,000); a pair of rounds for each size in ``--calls``.
 
     .venv/bin/python -m bench.reconcile [--database-url URL] [--calls 3000,10000]
-        [--batch-size 500] [--concurrency 64] [--batches-in-flight 2]
+        [--rounds 3] [--batch-size 500] [--concurrency 64] [--batches-in-flight 2]
         [--ideal-batches-in-flight 1] [--wait-quiet SECONDS]
 
 The reconciler runs with its CLI's defaults (lookups in flight, batches in flight) and
@@ -18,7 +18,11 @@ request per key applied at the sandbox first. Both reconcilers run in this proce
 on uvloop as the reconciler's CLI does, one after the other; a round's calls/s is its
 calls over its pass, its CPU what this process, PostgreSQL, the relay, the broker and
 the sandbox used from the start of the pass until the relay published the round's
-outbox rows, divided by its calls.
+outbox rows, divided by its calls. With --rounds, every pair is measured again, the
+order of the two reversed each round, and the target's ratio at each size is the median
+of the rounds' own (bench.dispatch_rounds). This process freezes its startup heap
+before its loop, as the reconciler's CLI does (kit.heap); the ideal, in this process
+too, gains as much.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -53,6 +58,7 @@ from bench.cpu import (
     server_processes,
     with_children,
 )
+from bench.dispatch_rounds import median_line
 from bench.harness import render_table, service_env, start_python
 from bench.ideal_reconciler import settle_all
 from bench.intake import wait_quiet
@@ -66,6 +72,7 @@ from dispatcher.db.engine import engine_for, session_factory
 from dispatcher.db.tables import tool_calls
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import Settings, Topics
+from kit.heap import freeze_startup
 from reconciler import Reconciler
 from reconciler.loop import BATCHES_IN_FLIGHT
 
@@ -243,9 +250,19 @@ async def run(args: argparse.Namespace, url: str, database: str) -> None:
 
         rounds: list[tuple[int, Round, Round]] = []
         async with Transport(args.concurrency) as transport:
-            for size in args.calls:
-                ideal, ours = await _pair(run, args, registry, transport, size)
-                rounds.append((size, ideal, ours))
+            for r in range(args.rounds):
+                for index, size in enumerate(args.calls):
+                    # Fresh due calls for each, keyed by the round; the order reversed
+                    # from one round to the next.
+                    tag = f"{r}.{index}.{size}"
+                    ideal = partial(_ideal, run, args, size, tag)
+                    ours = partial(_ours, run, args, registry, transport, size, tag)
+                    if r % 2:
+                        o = await ours()
+                        rounds.append((size, await ideal(), o))
+                    else:
+                        i = await ideal()
+                        rounds.append((size, i, await ours()))
         async with httpx.AsyncClient() as client:
             effects = (await client.get(f"{run.base}/v1/effects")).json()
     finally:
@@ -279,9 +296,11 @@ async def run(args: argparse.Namespace, url: str, database: str) -> None:
         print()
         header_roles, role_table = role_rows([ideal, ours])
         print(render_table(role_table, header_roles, markdown=True))
-    if len(rounds) > 1:
-        ratios = ", ".join(f"{size:,}: {o.rate / i.rate:.2f}x" for size, i, o in rounds)
-        print(f"\nreconciler / ideal by due calls: {ratios} (target >= {TARGET}x at each)")
+    print()
+    for size in dict.fromkeys(args.calls):
+        ratios = [o.rate / i.rate for s, i, o in rounds if s == size]
+        label = f"reconciler / ideal at {size:,} due calls, calls/s"
+        print(median_line(label, ratios, f">= {TARGET}x", TARGET, above=True))
     most = max(effects["effects"].values())
     print(f"\nsandbox's maximum effects per key: {most} (must be 1)")
     if most != 1:
@@ -293,15 +312,8 @@ TARGET = 0.9
 """The reconciler's calls/s against the ideal's, at every backlog size."""
 
 
-async def _pair(
-    run: Run,
-    args: argparse.Namespace,
-    registry: CapabilityRegistry,
-    transport: Transport,
-    size: int,
-) -> tuple[Round, Round]:
-    """The ideal, then tool-dispatcher's reconciler, each over ``size`` fresh due calls."""
-    await run.prepare([f"ri{size}:{i}" for i in range(size)])
+async def _ideal(run: Run, args: argparse.Namespace, size: int, tag: str) -> Round:
+    await run.prepare([f"ri{tag}:{i}" for i in range(size)])
     lookup_url = f"{run.base}/v1/requests"
     await _quiet(args)
     conns = [
@@ -309,16 +321,25 @@ async def _pair(
         for _ in range(args.ideal_batches_in_flight)
     ]
     try:
-        ideal = await run.measure(
+        return await run.measure(
             f"{IDEAL}, {args.ideal_batches_in_flight} batch(es) in flight)",
-            f"ri{size}:",
+            f"ri{tag}:",
             lambda: settle_all(conns, lookup_url, batch=args.batch_size),
         )
     finally:
         for conn in conns:
             await conn.close()
 
-    await run.prepare([f"rt{size}:{i}" for i in range(size)])
+
+async def _ours(
+    run: Run,
+    args: argparse.Namespace,
+    registry: CapabilityRegistry,
+    transport: Transport,
+    size: int,
+    tag: str,
+) -> Round:
+    await run.prepare([f"rt{tag}:{i}" for i in range(size)])
     reconciler = Reconciler(
         run.sessions,
         registry,
@@ -329,13 +350,12 @@ async def _pair(
         batches_in_flight=args.batches_in_flight,
     )
     await _quiet(args)
-    ours = await run.measure(
+    return await run.measure(
         f"tool-dispatcher reconciler (batch {args.batch_size}, {args.concurrency} "
         f"lookups, {args.batches_in_flight} batches in flight)",
-        f"rt{size}:",
+        f"rt{tag}:",
         reconciler.run_pass,
     )
-    return ideal, ours
 
 
 async def _quiet(args: argparse.Namespace) -> None:
@@ -353,6 +373,13 @@ def main() -> None:
         type=lambda text: [int(n) for n in text.split(",")],
         default=[3_000, 10_000],
         help="due calls of a pass, comma-separated: a pair of rounds for each",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="pairs at each size, the order reversed each round; the target's ratio is "
+        "the median of the rounds' own",
     )
     parser.add_argument("--batch-size", type=int, default=500)
     # The reconciler's own defaults, as its CLI runs it.
@@ -375,11 +402,14 @@ def main() -> None:
         help="before each round, wait up to this long for the rest of the machine to idle",
     )
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     scratch = unique_name("bench_reconcile")
     url = create_database(args.database_url, scratch)
     try:
         migrate.upgrade(url)
-        # The reconciler's CLI runs on uvloop too (tool_dispatcher/reconcile.py).
+        # As the reconciler's CLI: its startup heap frozen, and uvloop (tool_dispatcher).
+        freeze_startup()
         uvloop.run(run(args, url, scratch))
     finally:
         drop_database(args.database_url, scratch)
