@@ -32,7 +32,7 @@ up: $(VENV)/.installed-demo
 	$(BIN)/python -m devtools up
 
 test: $(VENV)/.installed-test
-	$(BIN)/pytest -q -n 4
+	$(BIN)/pytest -q -n 4 --dist worksteal
 
 lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check .
