@@ -28,6 +28,7 @@ import uvloop
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import OffsetAndMetadata
 
+from kit.heap import prepare_service_heap
 from kit.signals import until_signal
 
 CLAIM = """
@@ -173,8 +174,11 @@ def main() -> None:
     parser.add_argument("--url", required=True, help="the capability's POST endpoint")
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--in-flight", type=int, default=64)
+    args = parser.parse_args()
+    # Its collector tuned as in every service process of the product (kit.heap), and
     # uvloop, as every long-running process of the product is meant to run on.
-    uvloop.run(run(parser.parse_args()))
+    prepare_service_heap()
+    uvloop.run(run(args))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import aiohttp
 import psycopg
 import uvloop
 
+from kit.heap import prepare_service_heap
 from kit.signals import until_signal
 
 TABLE = """
@@ -111,6 +112,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--in-flight", type=int, default=64)
     args = parser.parse_args()
+    # The collector tuned as in every service process of the product (kit.heap).
+    prepare_service_heap()
     uvloop.run(until_signal(lambda stop: _work(args, stop)))
 
 

@@ -72,7 +72,7 @@ from dispatcher.db.engine import engine_for, session_factory
 from dispatcher.db.tables import tool_calls
 from dispatcher.provider.transport import Transport
 from dispatcher.settings import Settings, Topics
-from kit.heap import freeze_startup
+from kit.heap import prepare_service_heap
 from reconciler import Reconciler
 from reconciler.loop import BATCHES_IN_FLIGHT
 
@@ -409,7 +409,7 @@ def main() -> None:
     try:
         migrate.upgrade(url)
         # As the reconciler's CLI: its startup heap frozen, and uvloop (tool_dispatcher).
-        freeze_startup()
+        prepare_service_heap()
         uvloop.run(run(args, url, scratch))
     finally:
         drop_database(args.database_url, scratch)

@@ -15,7 +15,7 @@ from typing import NoReturn
 import uvloop
 
 from kit import logs, telemetry
-from kit.heap import freeze_startup
+from kit.heap import prepare_service_heap
 from kit.signals import until_signal
 from outbox_relay.config import RelayConfig
 from outbox_relay.relay import run_relay
@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         telemetry.install("outbox-relay", args.traces_exporter, args.otlp_endpoint)
     except ValueError as exc:
         p.error(str(exc))
-    freeze_startup()
+    prepare_service_heap()
     try:
         # uvloop, as every process of tool-dispatcher (dispatcher.runtime, which this
         # package sits below): the relay's CPU is mostly event-loop and driver bookkeeping.

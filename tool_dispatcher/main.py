@@ -24,7 +24,7 @@ from dispatcher.logs import configure_logging
 from dispatcher.settings import Settings, hash_api_key, load_settings
 from kit import telemetry
 from kit.cli import OneLineArgumentParser, fail
-from kit.heap import freeze_startup
+from kit.heap import prepare_service_heap
 from kit.signals import until_signal
 from tool_dispatcher import (
     approvals,
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         fail(f"bad traces setting: {exc}")
     if args.command in TRACED:
-        freeze_startup()
+        prepare_service_heap()
     try:
         return _run(args, settings)
     except KeyboardInterrupt:
