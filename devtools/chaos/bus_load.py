@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -98,11 +98,11 @@ class BusDoor:
                 await submitter.start()
         except (KafkaError, LookupError) as exc:
             log.warning("bus submitters not reopened after the broker restart: %s", exc)
+            # The ones that did start are closed (one that fails closes itself).
+            await _stop_all(fresh.values())
             return
         stale, self._submitters = self._submitters, fresh
-        for submitter in stale.values():
-            with contextlib.suppress(KafkaError):
-                await submitter.stop()
+        await _stop_all(stale.values())
 
     async def close(self) -> None:
         if self._waiting:
@@ -112,9 +112,7 @@ class BusDoor:
             await asyncio.gather(*late, return_exceptions=True)
             self._bus.replies["none"] += len(late)
         await self._check_doubled()
-        for submitter in self._submitters.values():
-            with contextlib.suppress(KafkaError):
-                await submitter.stop()
+        await _stop_all(self._submitters.values())
         with contextlib.suppress(KafkaError):
             await self._raw.stop()
 
@@ -241,3 +239,9 @@ class BusDoor:
 def _code(reply: BusReply) -> str | None:
     code = (reply.problem or {}).get("code")
     return code if isinstance(code, str) else None
+
+
+async def _stop_all(submitters: Iterable[BusSubmitter]) -> None:
+    for submitter in submitters:
+        with contextlib.suppress(KafkaError):
+            await submitter.stop()

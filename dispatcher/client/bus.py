@@ -111,33 +111,45 @@ class BusSubmitter:
         await self.stop()
 
     async def start(self) -> None:
-        await self._producer.start()
-        if self._consumer is not None:
-            await self._consumer.start()
-            topic = replies_topic(self.topic)
-            partitions = self._consumer.partitions_for_topic(topic) or set()
-            if not partitions:
-                await self._consumer._client.force_metadata_update()
-                partitions = self._consumer.partitions_for_topic(topic) or set()
-            if not partitions:
-                # Assigned nothing, it would wait for every reply in vain.
-                await self.stop()
-                raise LookupError(f"no topic {topic!r}: bus intake creates it when it starts")
-            tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-            self._consumer.assign(tps)
-            await self._consumer.seek_to_end(*tps)
-            for tp in tps:  # fix the positions now: a reply written later is read
-                await self._consumer.position(tp)
-            self._reader = asyncio.create_task(self._read())
+        """Connect, and find the replies topic; a start that fails (no broker, no
+        replies topic) closes what it opened before it raises, so a caller that gives
+        up or tries again with a new submitter leaves no client behind."""
+        try:
+            await self._producer.start()
+            if self._consumer is not None:
+                await self._follow_replies(self._consumer)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _follow_replies(self, consumer: AIOKafkaConsumer) -> None:
+        await consumer.start()
+        topic = replies_topic(self.topic)
+        partitions = consumer.partitions_for_topic(topic) or set()
+        if not partitions:
+            await consumer._client.force_metadata_update()
+            partitions = consumer.partitions_for_topic(topic) or set()
+        if not partitions:
+            # Assigned nothing, it would wait for every reply in vain.
+            raise LookupError(f"no topic {topic!r}: bus intake creates it when it starts")
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_end(*tps)
+        for tp in tps:  # fix the positions now: a reply written later is read
+            await consumer.position(tp)
+        self._reader = asyncio.create_task(self._read())
 
     async def stop(self) -> None:
+        """Close both clients (the producer even when the consumer's close fails)."""
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
-        if self._consumer is not None:
-            await self._consumer.stop()
-        await self._producer.stop()
+        try:
+            if self._consumer is not None:
+                await self._consumer.stop()
+        finally:
+            await self._producer.stop()
 
     async def submit(
         self,

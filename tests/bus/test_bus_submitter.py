@@ -3,8 +3,13 @@ writes is answered on the replies topic, a resent event with the same call."""
 
 from __future__ import annotations
 
-import pytest
+import gc
+import warnings
 
+import pytest
+from aiokafka.errors import KafkaConnectionError
+
+from devtools.embedded import free_port
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.client.bus import BusSubmitter
 from dispatcher.schemas import SubmitRequest
@@ -53,3 +58,31 @@ async def test_a_submitter_refuses_to_start_without_its_replies_topic(
     with pytest.raises(LookupError, match="replies"):
         async with BusSubmitter(kafka_bootstrap, "td-none.requests.acme", source="/t"):
             pass
+
+
+def unclosed_clients() -> list[str]:
+    """What the garbage collector warns of as it frees aiokafka clients nobody closed."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    return [str(w.message) for w in caught if "Unclosed AIOKafka" in str(w.message)]
+
+
+@pytest.mark.parametrize("replies", [True, False])
+async def test_a_submitter_that_cannot_start_closes_what_it_opened(
+    kafka_bootstrap: str, replies: bool
+) -> None:
+    unclosed_clients()  # whatever earlier tests left is not this test's
+    # No broker at all (the producer fails to connect), or a broker without the
+    # replies topic (the producer and the consumer are up when the start fails).
+    nobody, topic = f"127.0.0.1:{free_port()}", "td-none.requests.acme"
+    starts: list[tuple[BusSubmitter, type[Exception]]] = [
+        (BusSubmitter(nobody, topic, source="/t", replies=replies), KafkaConnectionError),
+        (BusSubmitter(kafka_bootstrap, topic, source="/t"), LookupError),
+    ]
+    for submitter, error in starts:
+        with pytest.raises(error):
+            await submitter.start()
+    del submitter, starts
+
+    assert unclosed_clients() == []
