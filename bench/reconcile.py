@@ -20,9 +20,9 @@ calls over its pass, its CPU what this process, PostgreSQL, the relay, the broke
 the sandbox used from the start of the pass until the relay published the round's
 outbox rows, divided by its calls. With --rounds, every pair is measured again, the
 order of the two reversed each round, and the target's ratio at each size is the median
-of the rounds' own (bench.dispatch_rounds). This process freezes its startup heap
-before its loop, as the reconciler's CLI does (kit.heap); the ideal, in this process
-too, gains as much.
+of the rounds' own (bench.dispatch_rounds). This process prepares its heap before its
+loop, as the reconciler's CLI does (kit.heap); the ideal, in this process too, gains as
+much.
 """
 
 from __future__ import annotations
@@ -408,7 +408,7 @@ def main() -> None:
     url = create_database(args.database_url, scratch)
     try:
         migrate.upgrade(url)
-        # As the reconciler's CLI: its startup heap frozen, and uvloop (tool_dispatcher).
+        # As the reconciler's CLI: its heap prepared (kit.heap), and uvloop (tool_dispatcher).
         prepare_service_heap()
         uvloop.run(run(args, url, scratch))
     finally:

@@ -45,8 +45,8 @@ from tool_dispatcher.parsing import require_registry
 Handler = Callable[[argparse.Namespace, Settings], int]
 
 # The service's processes: each exports traces (when the settings turn them on), with
-# the process name its spans carry (service.name tool-dispatcher-<name>), and freezes
-# its startup heap (kit.heap).
+# the process name its spans carry (service.name tool-dispatcher-<name>), and prepares
+# its heap for a long life (kit.heap).
 TRACED = {
     "serve": "api",
     "worker": "worker",

@@ -63,7 +63,7 @@ def test_startup_garbage_is_collected_and_what_survives_is_never_walked_again() 
 
 @pytest.fixture
 def frozen(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The commands that froze their heap; the commands themselves do nothing."""
+    """The commands that prepared their heap; the commands themselves do nothing."""
     calls: list[str] = []
     monkeypatch.setattr(cli, "configure_logging", lambda settings, quiet=False: None)
     monkeypatch.setattr(cli, "prepare_service_heap", lambda: calls.append("frozen"))
@@ -76,7 +76,7 @@ ARGUMENTS = {"recover": ["--once"], "approvals": ["expire"]}
 
 
 @pytest.mark.parametrize("command", sorted(cli.TRACED))
-def test_every_service_process_freezes_its_heap_before_it_runs(
+def test_every_service_process_prepares_its_heap_before_it_runs(
     frozen: list[str], command: str
 ) -> None:
     assert cli.main([command, *ARGUMENTS.get(command, [])]) == 0
@@ -88,7 +88,7 @@ def test_a_one_shot_command_leaves_the_collector_alone(frozen: list[str]) -> Non
     assert frozen == ["migrate"]
 
 
-def test_the_standalone_relay_freezes_its_heap_before_its_loop(
+def test_the_standalone_relay_prepares_its_heap_before_its_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[str] = []
