@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import random
 import secrets
+import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Self
 
 from aiohttp import web
@@ -71,6 +74,7 @@ class Receiver:
         app.router.add_post("/hook", self._hook)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
+        self.port = self.port or port_below_ephemeral()
         await self.up()
         return self
 
@@ -78,7 +82,6 @@ class Receiver:
         assert self._runner is not None
         self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
         await self._site.start()
-        self.port = int(self._runner.addresses[-1][1])
 
     async def down(self) -> None:
         """Close the port: from now on connections are refused."""
@@ -91,3 +94,25 @@ class Receiver:
 
     def ids(self) -> set[str]:
         return {r.webhook_id for r in self.accepted}
+
+
+def port_below_ephemeral() -> int:
+    """A free local port below the kernel's ephemeral range. A receiver that goes down
+    gives its port up until it comes back; a port the kernel handed out (binding port 0)
+    is in that range, so any process's outgoing connection may take it meanwhile as its
+    local end, and coming back then fails with "address already in use" (seen once in
+    CI, after a 30-second outage). Below the range only a process that binds that very
+    port can take it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    for _ in range(100):
+        port = random.randrange(10_000, low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port between 10000 and {low}")
