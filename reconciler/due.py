@@ -3,7 +3,7 @@
 A claim is one committed statement: the due candidates are locked with ``FOR UPDATE
 SKIP LOCKED`` (concurrent reconcilers each get other calls, none waits), and each is
 stamped with this reconciler's lease
-(:func:`dispatcher.ledger.leases.claim_follow_ups`): its owner, a bumped ``version``
+(:func:`dispatcher.ledger.leases.follow_ups_claim`): its owner, a bumped ``version``
 and a ``next_reconcile_at`` pushed to the lease's end, so no other reconciler sees it
 as due while the lookups run outside any transaction. Every settlement is fenced by
 that owner and version, so a reconciler that stalls past its lease (and whose calls
@@ -23,9 +23,10 @@ from typing import Any, TypeVar, cast
 
 from sqlalchemy import ColumnElement, extract, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql.dml import ReturningUpdate
 
 from dispatcher.db.tables import tool_calls
-from dispatcher.ledger.leases import claim_follow_ups
+from dispatcher.ledger.leases import follow_ups_claim
 from dispatcher.logs import log_context
 from dispatcher.states import ExecutionStatus as S
 from dispatcher.states import ReconciliationStatus
@@ -92,6 +93,44 @@ def due_condition(due_by: datetime | None = None) -> ColumnElement[bool]:
     )
 
 
+_CLAIMED = (
+    tool_calls.c.tool_call_id,
+    tool_calls.c.tenant,
+    tool_calls.c.run_id,
+    tool_calls.c.capability_id,
+    tool_calls.c.status,
+    tool_calls.c.idempotency_key,
+    tool_calls.c.provider_key,
+    tool_calls.c.external_request_id,
+    tool_calls.c.version,
+    tool_calls.c.reconcile_attempts,
+    tool_calls.c.dispatch_attempts,
+    _age().label("age_seconds"),
+    tool_calls.c.compensation_requested_at.is_not(None).label("compensation_requested"),
+    tool_calls.c.last_error,
+    tool_calls.c.traceparent,
+)
+"""What a claim returns of each call: what :class:`DueCall` holds, in its order."""
+
+
+def claim_due_query(
+    *, owner: str, limit: int, lease_seconds: float, due_by: datetime | None = None
+) -> ReturningUpdate[Any]:
+    """The statement of :func:`claim_due`: the due calls by the due index, oldest first,
+    each claimed by its primary key."""
+    candidates = (
+        select(tool_calls.c.tenant, tool_calls.c.tool_call_id)
+        .where(due_condition(due_by))
+        .order_by(tool_calls.c.next_reconcile_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("candidates")
+    )
+    return follow_ups_claim(
+        candidates, owner=owner, lease_seconds=lease_seconds, returning=_CLAIMED
+    )
+
+
 async def claim_due(
     session: AsyncSession,
     *,
@@ -102,37 +141,8 @@ async def claim_due(
 ) -> list[DueCall]:
     """Claim up to ``limit`` due calls for ``owner``, in the caller's transaction
     (commit it before looking anything up)."""
-    candidates = (
-        select(tool_calls.c.tenant, tool_calls.c.tool_call_id)
-        .where(due_condition(due_by))
-        .order_by(tool_calls.c.next_reconcile_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-        .cte("candidates")
-    )
-    rows = await claim_follow_ups(
-        session,
-        candidates,
-        owner=owner,
-        lease_seconds=lease_seconds,
-        returning=(
-            tool_calls.c.tool_call_id,
-            tool_calls.c.tenant,
-            tool_calls.c.run_id,
-            tool_calls.c.capability_id,
-            tool_calls.c.status,
-            tool_calls.c.idempotency_key,
-            tool_calls.c.provider_key,
-            tool_calls.c.external_request_id,
-            tool_calls.c.version,
-            tool_calls.c.reconcile_attempts,
-            tool_calls.c.dispatch_attempts,
-            _age().label("age_seconds"),
-            tool_calls.c.compensation_requested_at.is_not(None).label("compensation_requested"),
-            tool_calls.c.last_error,
-            tool_calls.c.traceparent,
-        ),
-    )
+    claim = claim_due_query(owner=owner, limit=limit, lease_seconds=lease_seconds, due_by=due_by)
+    rows = (await session.execute(claim)).all()
     # Unpacked by position and the status looked up in a dict: a batch's rows are
     # decoded here one by one (attribute access and Enum() were 4% of a pass).
     return [

@@ -3,7 +3,7 @@ in one vocabulary for every holder, so its meaning cannot drift between them.
 
 A worker takes it with its claim (``authorized -> dispatching``, through
 :func:`dispatcher.ledger.transitions.move_many`), a reconciler with its claim of due
-calls (:func:`claim_follow_ups`, which leaves the status as it is); each sets
+calls (:func:`follow_ups_claim`, which leaves the status as it is); each sets
 :func:`take_lease`'s values. Every move out of a claim (an outcome, a settlement, an
 escalation, the recovery of a dead worker's call, an operator's retry) sets
 :data:`LEASE_RELEASED`. Every write decided under a claim is fenced by the lease's
@@ -21,8 +21,8 @@ from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, func, select, tuple_, update
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import ColumnElement, func, select, tuple_, update
+from sqlalchemy.sql.dml import ReturningUpdate
 from sqlalchemy.sql.selectable import CTE
 
 from dispatcher.db.tables import tool_calls
@@ -39,18 +39,17 @@ def take_lease(owner: str, until: ColumnElement[Any]) -> dict[str, Any]:
     return {"lease_owner": owner, "lease_expires_at": until}
 
 
-async def claim_follow_ups(
-    session: AsyncSession,
+def follow_ups_claim(
     candidates: CTE,
     *,
     owner: str,
     lease_seconds: float,
     returning: Sequence[ColumnElement[Any]],
-) -> Sequence[Row[Any]]:
-    """Give every call of ``candidates`` (a CTE of ``tenant`` and ``tool_call_id``
-    that locks what it picks, ``FOR UPDATE SKIP LOCKED``, so concurrent claims take
-    different calls) to ``owner`` for ``lease_seconds``, in the caller's transaction;
-    returns ``returning`` of each claimed call.
+) -> ReturningUpdate[Any]:
+    """The statement that gives every call of ``candidates`` (a CTE of ``tenant`` and
+    ``tool_call_id`` that locks what it picks, ``FOR UPDATE SKIP LOCKED``, so concurrent
+    claims take different calls) to ``owner`` for ``lease_seconds``, returning
+    ``returning`` of each claimed call; run it in a transaction of the caller's.
 
     The status stays as it is. The version is bumped, so a write decided under an
     earlier claim of the call is fenced out, and ``next_reconcile_at`` moves to the
@@ -58,7 +57,7 @@ async def claim_follow_ups(
     and it falls due again by itself should this one die.
     """
     lease_end = func.now() + timedelta(seconds=lease_seconds)
-    rows = await session.execute(
+    return (
         update(tool_calls)
         .where(
             tuple_(tool_calls.c.tenant, tool_calls.c.tool_call_id).in_(
@@ -72,4 +71,3 @@ async def claim_follow_ups(
         )
         .returning(*returning)
     )
-    return rows.all()
