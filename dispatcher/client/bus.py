@@ -119,7 +119,9 @@ class BusSubmitter:
             if self._consumer is not None:
                 await self._follow_replies(self._consumer)
         except BaseException:
-            await self.stop()
+            # What went wrong first is what the caller hears of, not a close after it.
+            with contextlib.suppress(Exception):
+                await self.stop()
             raise
 
     async def _follow_replies(self, consumer: AIOKafkaConsumer) -> None:
