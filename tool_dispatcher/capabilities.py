@@ -93,6 +93,7 @@ async def _run(args: argparse.Namespace, settings: Settings, registry: Capabilit
                 registry=registry,
                 topics=settings.topics(),
             )
+        await pauses.after_change(sessions, change, target)
         verb = "paused" if target is CapabilityStatus.PAUSED else "resumed"
         print(f"{args.capability_id} {verb}" if change.changed else f"unchanged: already {verb}")
         return 0

@@ -85,4 +85,5 @@ async def _change(
             registry=registry,
             topics=settings.topics(),
         )
+    await pauses.after_change(sessions, change, target)
     return model_response(change)

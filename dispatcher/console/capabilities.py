@@ -63,5 +63,6 @@ async def change(request: Request, capability_id: str, verb: str, viewer: Signed
             registry=_registry(request),
             topics=settings_of(request).topics(),
         )
+    await pauses.after_change(sessions_of(request), done, target)
     said = ("paused" if verb == "pause" else "resumed") if done.changed else "unchanged"
     return redirect("/console/capabilities", done=said)

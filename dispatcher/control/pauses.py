@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.capabilities import Capability, CapabilityRegistry
 from dispatcher.capability_views import (
@@ -25,7 +25,7 @@ from dispatcher.control.actor import Actor
 from dispatcher.db.pauses import EVERY_TENANT
 from dispatcher.db.tables import tool_calls
 from dispatcher.ledger.breakers import Breaker, close, not_closed
-from dispatcher.ledger.pauses import ScopeState, move_capability, paused_for
+from dispatcher.ledger.pauses import ScopeState, after_resume, move_capability, paused_for
 from dispatcher.settings import DEFAULT_TOPICS, Topics
 from dispatcher.states import BreakerState, CapabilityStatus
 from dispatcher.states import ExecutionStatus as S
@@ -72,6 +72,15 @@ async def change_capability(
     return CapabilityChange(
         capability=(await views(session, [capability], tenant))[0], changed=changed
     )
+
+
+async def after_change(
+    sessions: async_sessionmaker[AsyncSession], change: CapabilityChange, target: CapabilityStatus
+) -> None:
+    """What follows the commit of :func:`change_capability`: a resume is timed after it,
+    so the drain also finds the calls whose commands a claim dropped while it committed."""
+    if change.changed and target is CapabilityStatus.ACTIVE:
+        await after_resume(sessions, change.capability.capability_id)
 
 
 async def list_capabilities(

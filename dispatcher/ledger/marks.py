@@ -16,12 +16,13 @@ from typing import Any
 from sqlalchemy import Float, Integer, Text, cast, column, func, update, values
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from dispatcher.db.pauses import EVERY_TENANT
 from dispatcher.db.tables import tool_calls
 from dispatcher.ledger.events import CallContext, EventType, event_row, record_events
 from dispatcher.ledger.leases import LEASE_RELEASED
 from dispatcher.ledger.messages import Producer
 from dispatcher.settings import DEFAULT_TOPICS, Topics
-from dispatcher.states import ExecutionStatus
+from dispatcher.states import ExecutionStatus, ReconciliationStatus
 
 
 async def mark_for_compensation(
@@ -149,3 +150,21 @@ async def schedule_next_looks(
         )
     await record_events(session, events, topics=topics)
     return [e["tool_call_id"] for e in events]
+
+
+async def look_again_now(session: AsyncSession, capability_id: str, tenant: str) -> int:
+    """Make due at once the follow-ups of ``capability_id``'s calls (of ``tenant``;
+    ``''``: every tenant) that wait for a later look; how many. Called when it resumes:
+    a re-send or a compensation the pause put off waits for no backoff after it."""
+    where = [
+        tool_calls.c.reconciliation_status == ReconciliationStatus.PENDING.value,
+        # The due index's range: the calls followed up, never the history.
+        tool_calls.c.next_reconcile_at > func.now(),
+        tool_calls.c.capability_id == capability_id,
+    ]
+    if tenant != EVERY_TENANT:
+        where.append(tool_calls.c.tenant == tenant)
+    done = await session.execute(
+        update(tool_calls).where(*where).values(next_reconcile_at=func.now())
+    )
+    return int(getattr(done, "rowcount", 0))

@@ -13,6 +13,7 @@ holds every call it covers.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,11 +33,12 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dispatcher.db.pauses import EVERY_TENANT
 from dispatcher.db.tables import capability_events, capability_states
 from dispatcher.ids import random_uuid
+from dispatcher.ledger.marks import look_again_now
 from dispatcher.ledger.messages import Producer, ce_source, enqueue, outbox_row
 from dispatcher.settings import Topics
 from dispatcher.states import CAPABILITY_TRANSITIONS, CapabilityStatus
@@ -50,6 +52,8 @@ class CapabilityEventType(StrEnum):
     BREAKER_OPENED = "capability.breaker_opened"
     BREAKER_CLOSED = "capability.breaker_closed"
 
+
+log = logging.getLogger(__name__)
 
 _EVENT_OF = {
     CapabilityStatus.PAUSED: CapabilityEventType.PAUSED,
@@ -181,6 +185,7 @@ async def move_capability(
                 capability_states.c.tenant == tenant,
                 capability_states.c.status.in_(sources),
             )
+            # Before the commit; its resumer moves it past the commit (after_resume).
             .values(**values, resumed_at=func.now(), version=capability_states.c.version + 1)
         )
         if paused_via is not None:
@@ -212,6 +217,43 @@ async def move_capability(
     state = ScopeState.of(moved._mapping)
     await record_fact(session, _EVENT_OF[state.status], state, topics)
     return state, True
+
+
+async def after_resume(sessions: async_sessionmaker[AsyncSession], capability_id: str) -> None:
+    """What follows the commit of a resume of ``capability_id``, in a transaction begun
+    after it: call it once the resume's transaction is over.
+
+    It times the resume again, by this transaction's clock. The drain
+    (:func:`dispatcher.worker.redrive.redrive_resumed`) writes again the commands of the
+    calls authorized before ``resumed_at`` whose commands are older, and a claim whose
+    snapshot was taken before the resume committed still saw the pause and dropped its
+    command, though its call may have been authorized after the resume's transaction
+    began (the time it wrote, ``changed_at``): timed after the commit, the drain finds
+    that call too. A resume timed so already is left alone. And the reconciler's looks
+    that the pause put off are due at once (:func:`~dispatcher.ledger.marks.look_again_now`).
+
+    Never raises: the resume stands, and if this fails or never runs (its process died
+    first), the regular redrive and the put-off looks' own times find those calls later."""
+    try:
+        await _after_resume(sessions, capability_id)
+    except Exception:
+        log.exception("resume of %s committed, but not timed after its commit", capability_id)
+
+
+async def _after_resume(sessions: async_sessionmaker[AsyncSession], capability_id: str) -> None:
+    async with sessions() as session, session.begin():
+        timed = await session.execute(
+            update(capability_states)
+            .where(
+                capability_states.c.capability_id == capability_id,
+                capability_states.c.status == CapabilityStatus.ACTIVE.value,
+                capability_states.c.resumed_at == capability_states.c.changed_at,
+            )
+            .values(resumed_at=func.now())
+            .returning(capability_states.c.tenant)
+        )
+        for tenant in timed.scalars().all():
+            await look_again_now(session, capability_id, tenant)
 
 
 async def record_fact(

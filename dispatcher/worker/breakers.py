@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from dispatcher.capabilities import BreakerPolicy, Capability, CapabilityRegistry, FailureClass
 from dispatcher.db.tables import tool_calls
 from dispatcher.ledger import breakers as ledger
+from dispatcher.ledger.pauses import after_resume
 from dispatcher.ledger.transitions import BulkMove
 from dispatcher.metrics import BREAKER_FAILURES
 from dispatcher.settings import Topics
@@ -123,6 +124,7 @@ class Breakers:
                 topics=self._topics,
             )
         if closed:
+            await after_resume(self._sessions, capability_id)
             self._open.pop(capability_id, None)
             log.info("circuit breaker of %s is closed", capability_id)
 

@@ -12,17 +12,22 @@ import httpx
 import pytest
 from jsonschema import Draft202012Validator, FormatChecker
 from sqlalchemy import select, text
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
 from devtools.registries import capability, registry_of
 from devtools.sandbox import SandboxServer
 from dispatcher.capabilities import CapabilityRegistry
+from dispatcher.capability_views import PauseRequest
+from dispatcher.control.actor import Actor
+from dispatcher.control.pauses import after_change, change_capability
 from dispatcher.db.tables import outbox, tool_calls
 from dispatcher.intake.service import submit
+from dispatcher.ledger.pauses import after_resume
 from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.transport import Transport
 from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import DEFAULT_TOPICS, ApiKey, Settings, hash_api_key
+from dispatcher.states import CapabilityStatus
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.redrive import redrive_resumed, redrive_stale
 from tests.fixtures.api import GLOBEX, OPERATOR, READER, bearer, control_keys
@@ -73,6 +78,15 @@ async def relayed(sessions: Sessions) -> None:
         await session.execute(text("UPDATE outbox SET published_at = now()"))
 
 
+async def timed_after_commit(sessions: Sessions) -> list[bool]:
+    """Whether each resumed scope's resume was timed after its commit."""
+    async with sessions() as session:
+        found = await session.execute(
+            text("SELECT resumed_at > changed_at FROM capability_states WHERE status = 'active'")
+        )
+        return list(found.scalars())
+
+
 async def change(api: httpx.AsyncClient, key: str, verb: str, **body: object) -> httpx.Response:
     return await api.post(
         f"/v1/capabilities/refund/{verb}", json={"reason": "provider down", **body},
@@ -111,6 +125,7 @@ async def test_a_tenants_pause_holds_its_calls_until_resumed_and_no_others(
     resumed = await change(api, OPERATOR, "resume")
     assert resumed.json()["changed"] is True
     assert resumed.json()["capability"]["status"] == "active"
+    assert await timed_after_commit(sessions) == [True]
     assert await redrive_resumed(sessions, topics=TOPICS, older_than_seconds=60) == [held]
     claim = await executor.claim(held, "acme")
     assert claim is not None
@@ -121,6 +136,63 @@ async def test_a_tenants_pause_holds_its_calls_until_resumed_and_no_others(
     assert row.dispatch_attempts == 1  # the pause burnt none
     # Resumed once: a second sweep writes nothing more.
     assert await redrive_resumed(sessions, topics=TOPICS, older_than_seconds=60) == []
+
+
+async def test_a_command_dropped_while_the_resume_commits_is_written_again_at_once(
+    api: httpx.AsyncClient, sessions: Sessions, registry: CapabilityRegistry, executor: Executor
+) -> None:
+    """A claim that cannot see the resume yet (it has not committed) drops the command of
+    a call authorized after the resume's transaction began; the drain after the resume
+    still writes that call's command again, not the regular redrive a minute later."""
+    assert (await change(api, OPERATOR, "pause")).json()["changed"] is True
+    async with sessions() as resuming, resuming.begin():
+        resumed = await change_capability(
+            resuming, "refund", PauseRequest(reason="provider back"), CapabilityStatus.ACTIVE,
+            tenant="acme", actor=Actor("ana", "acme", "api"), registry=registry, topics=TOPICS,
+        )  # fmt: skip
+        late = await submitted(sessions, registry, "acme", 1)
+        assert await executor.claim(late, "acme") is None  # dropped: still paused here
+        await relayed(sessions)
+    await after_change(sessions, resumed, CapabilityStatus.ACTIVE)
+    assert await redrive_resumed(sessions, topics=TOPICS, older_than_seconds=60) == [late]
+    assert await executor.claim(late, "acme") is not None
+
+
+async def test_a_resume_makes_the_looks_its_pause_put_off_due_at_once(
+    api: httpx.AsyncClient, sessions: Sessions, registry: CapabilityRegistry
+) -> None:
+    """While a capability is paused the reconciler puts off a re-send of a call in doubt
+    to its longest delay; the tenant's resume makes that look due at once, and no other
+    tenant's."""
+    assert (await change(api, OPERATOR, "pause")).json()["changed"] is True
+    ours = await submitted(sessions, registry, "acme", 1)
+    await submitted(sessions, registry, "globex", 2)
+    async with sessions() as session, session.begin():
+        # Where a put-off look leaves a call in doubt (reconciler.rulings.held_if_paused).
+        await session.execute(
+            text(
+                "UPDATE tool_calls SET status = 'result_unknown', reconciliation_status ="
+                " 'pending', next_reconcile_at = now() + interval '300 seconds'"
+            )
+        )
+    assert (await change(api, OPERATOR, "resume")).json()["changed"] is True
+    async with sessions() as session:
+        due = await session.execute(
+            text("SELECT tool_call_id FROM tool_calls WHERE next_reconcile_at <= now()")
+        )
+        assert list(due.scalars()) == [ours]
+
+
+async def test_what_follows_a_resume_never_fails_the_resume(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The resume has committed: a database gone by then is logged, not raised."""
+    gone = create_async_engine("postgresql+psycopg://postgres@127.0.0.1:9/gone")
+    try:
+        await after_resume(async_sessionmaker(gone), "refund")
+    finally:
+        await gone.dispose()
+    assert "not timed after its commit" in caplog.text
 
 
 async def test_every_tenant_takes_the_admin_scope(

@@ -58,6 +58,11 @@ def test_a_pause_holds_its_scope_and_a_resume_lifts_it(
             ("capability.paused", ""),
             ("capability.resumed", "acme"),
         ]
+        # The resume is timed after its commit (dispatcher.ledger.pauses.after_resume).
+        timed = conn.execute(
+            "SELECT resumed_at > changed_at FROM capability_states WHERE tenant = 'acme'"
+        )
+        assert timed.fetchall() == [(True,)]
 
 
 @pytest.mark.parametrize(

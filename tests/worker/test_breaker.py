@@ -244,7 +244,10 @@ async def test_a_probe_after_the_cool_down_closes_it_and_every_call_completes_on
     await breakers.step(executor)  # half-open, one probe, answered: closed
 
     assert await breaker_state(sessions) == "closed"
-    assert (await pause_of(sessions)).status == "active"
+    pause = await pause_of(sessions)
+    assert pause.status == "active"
+    # Timed after the close committed (dispatcher.ledger.pauses.after_resume).
+    assert pause.resumed_at > pause.changed_at
     found = await statuses(sessions)
     assert sorted(found.values()).count(S.COMPLETED.value) == 1  # the probe
     # Lifting the pause re-drives the waiting calls (their first commands went out).
