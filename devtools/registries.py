@@ -94,14 +94,16 @@ def refund_and_lookup(
     timeout: float = 2.0,
     attempts: int = 3,
     breaker: Mapping[str, Any] | None = None,
+    by_key: bool = False,
 ) -> CapabilityRegistry:
     """A side-effecting ``refund`` and a read-only ``lookup`` on the sandbox: what the
     process tests and the dispatch benchmark run their workers with; ``breaker``: the
-    refund's circuit breaker, spelt as in the TOML file."""
+    refund's circuit breaker, spelt as in the TOML file; ``by_key``: the refund can be
+    looked up by its idempotency key (a request lost before any answer can be asked)."""
     options: dict[str, Any] = {"timeout": timeout, "attempts": attempts, "backoff": (0.02, 0.1)}
     guarded: dict[str, Any] = {"breaker": dict(breaker)} if breaker else {}
     return registry_of(
-        capability("refund", sandbox_url, **options, **guarded),
+        capability("refund", sandbox_url, by_key=by_key, **options, **guarded),
         capability("lookup", sandbox_url, side_effects=False, **options),
     )
 
