@@ -193,10 +193,12 @@ class OperationView(_View):
 
     @property
     def percent(self) -> int:
-        """Progress as a whole percentage: 100 once finished by completion."""
+        """Progress as a whole percentage: 100 once finished by completion, and only
+        then (every call can be touched a moment before the operation is completed: a
+        bar at 100 beside "running" would say two things)."""
         if self.state is OperationState.COMPLETED or self.total == 0:
             return 100 if self.state is OperationState.COMPLETED else 0
-        return min(100, (self.done + self.failed) * 100 // self.total)
+        return min(99, (self.done + self.failed) * 100 // self.total)
 
     @classmethod
     def of(cls, row: Any) -> OperationView:
