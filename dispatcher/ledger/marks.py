@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Float, Integer, Text, cast, column, func, update, values
+from sqlalchemy import Float, Integer, Text, Update, cast, column, func, update, values
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.pauses import EVERY_TENANT
@@ -152,10 +152,8 @@ async def schedule_next_looks(
     return [e["tool_call_id"] for e in events]
 
 
-async def look_again_now(session: AsyncSession, capability_id: str, tenant: str) -> int:
-    """Make due at once the follow-ups of ``capability_id``'s calls (of ``tenant``;
-    ``''``: every tenant) that wait for a later look; how many. Called when it resumes:
-    a re-send or a compensation the pause put off waits for no backoff after it."""
+def look_again_query(capability_id: str, tenant: str) -> Update:
+    """The statement of :func:`look_again_now`."""
     where = [
         tool_calls.c.reconciliation_status == ReconciliationStatus.PENDING.value,
         # The due index's range: the calls followed up, never the history.
@@ -164,7 +162,11 @@ async def look_again_now(session: AsyncSession, capability_id: str, tenant: str)
     ]
     if tenant != EVERY_TENANT:
         where.append(tool_calls.c.tenant == tenant)
-    done = await session.execute(
-        update(tool_calls).where(*where).values(next_reconcile_at=func.now())
-    )
-    return int(getattr(done, "rowcount", 0))
+    return update(tool_calls).where(*where).values(next_reconcile_at=func.now())
+
+
+async def look_again_now(session: AsyncSession, capability_id: str, tenant: str) -> None:
+    """Make due at once the follow-ups of ``capability_id``'s calls (of ``tenant``;
+    ``''``: every tenant) that wait for a later look. Called when it resumes: a re-send
+    or a compensation the pause put off waits for no backoff after it."""
+    await session.execute(look_again_query(capability_id, tenant))

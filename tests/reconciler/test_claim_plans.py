@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from dispatcher.ledger.marks import look_again_query
 from reconciler.due import claim_due_query
 from tests.fixtures.history import HISTORY_CALLS, LIVE_EVERY, fill_history
 from tests.fixtures.plans import explain
@@ -42,3 +43,19 @@ async def test_a_claim_reads_the_due_calls_only(
     # (three rows of the plan's count each): not the 49,900 finished calls behind them.
     assert plan.rows_examined <= 3 * claimed + 10, (plan.rows_examined, claimed)
     assert plan.root["Actual Rows"] == claimed
+
+
+@pytest.mark.parametrize("tenant", ["", "acme"])
+async def test_a_resume_reads_the_followed_up_calls_only(
+    database_url: str, sessions: Sessions, tenant: str
+) -> None:
+    """What a resume makes due at once (dispatcher.ledger.marks.look_again_now) is read
+    through the due index too: the calls followed up, not the history."""
+    fill_history(database_url)
+    statement = look_again_query("refund", tenant)
+    async with sessions() as session, session.begin():
+        plan = await explain(session, statement)
+        await session.rollback()
+    assert "tool_calls" not in plan.seq_scans, plan.seq_scans
+    assert "ix_tool_calls_reconcile_due" in plan.indexes, plan.indexes
+    assert plan.rows_examined <= 3 * FOLLOWED_UP + 10, (plan.rows_examined, FOLLOWED_UP)
