@@ -6,9 +6,9 @@ attempt is counted there at once, so N workers agree on when to open. What a wor
 keeps is which breakers it last saw open: the failure count's answer, and a read of the
 few breakers that are not closed at every step of its loop. A stale view costs little
 either way: a breaker seen open too long holds a call back in ``authorized`` (sent
-again when the pause lifts), and one seen closed too long lets one more attempt fail
-(counted). The claim itself honours the breaker's pause, so no call is claimed for a
-capability whose breaker opened before the claim.
+again when the pause lifts, or at once if it lifted already), and one seen closed too
+long lets one more attempt fail (counted). The claim itself honours the breaker's
+pause, so no call is claimed for a capability whose breaker opened before the claim.
 """
 
 from __future__ import annotations

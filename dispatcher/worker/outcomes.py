@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any
 
-from sqlalchemy import func
+from sqlalchemy import func, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import tool_calls
 from dispatcher.ledger.events import EventType
 from dispatcher.ledger.leases import LEASE_RELEASED
-from dispatcher.ledger.messages import Producer
+from dispatcher.ledger.messages import DispatchCommand, Producer, enqueue
+from dispatcher.ledger.pauses import not_paused
 from dispatcher.ledger.routed import Divert, Route, RoutedMove, move_each
 from dispatcher.ledger.transitions import BulkMove, Moved, move_many
 from dispatcher.provider.client import OutcomeKind, ProviderOutcome
@@ -175,7 +176,8 @@ def _routes(items: Iterable[Sent]) -> dict[S, Route]:
         ),
         # Held by a breaker: nothing reached the provider, so the call waits to be sent
         # again with its key; the breaker's pause holds it, and lifting the pause
-        # re-drives it (dispatcher.worker.redrive).
+        # re-drives it (dispatcher.worker.redrive), or, lifted already, it is sent again
+        # at once (OutcomeRecorder._send_again_unless_paused).
         S.AUTHORIZED: Route(
             EventType.TOOL_CALL_REDISPATCHED, ("external_request_id", "last_error")
         ),
@@ -221,6 +223,12 @@ class OutcomeRecorder:
             topics=self.topics,
         )
         recorded = {(m.row.tenant, m.row.tool_call_id): S(m.row.status) for m in moved}
+        by_gate = {
+            s.claim.key for s in sent if classes[s.claim.key] is _Class.HELD and s.outcome.held
+        }
+        await self._send_again_unless_paused(
+            session, [m for m in moved if (m.row.tenant, m.row.tool_call_id) in by_gate]
+        )
         settling = [
             m for m in moved if classes[(m.row.tenant, m.row.tool_call_id)] is _Class.SETTLED
         ]
@@ -231,6 +239,37 @@ class OutcomeRecorder:
                 for m in await self._finish(session, settling, by_key)
             )
         return recorded
+
+    async def _send_again_unless_paused(self, session: AsyncSession, held: list[Moved]) -> None:
+        """A new dispatch command for each call the gate held whose capability is not
+        paused any more: this worker's view of the breaker was stale (the breaker closed
+        while the call's attempts waited, as after a retry backoff longer than the
+        cool-down), and the resume's drain, which writes again the commands of the calls
+        authorized before the resume, does not see a call recorded back after it.
+
+        A resume not yet committed when this reads the pauses is timed after its commit
+        (:func:`dispatcher.ledger.pauses.after_resume`), so after this transaction began:
+        the drain finds the call then. A call still paused waits for that drain."""
+        if not held:
+            return
+        events = {(m.row.tenant, m.row.tool_call_id): m.event_id for m in held}
+        rows = await session.execute(
+            select(tool_calls).where(
+                tuple_(tool_calls.c.tenant, tool_calls.c.tool_call_id).in_(list(events)),
+                not_paused(tool_calls),
+            )
+        )
+        await enqueue(
+            session,
+            [
+                DispatchCommand.build(
+                    r._mapping,
+                    producer=self.producer,
+                    causation_id=events[(r.tenant, r.tool_call_id)],
+                ).to_outbox_row(self.topics)
+                for r in rows
+            ],
+        )
 
     def _move(self, sent: Sent, target: S) -> RoutedMove:
         """``dispatching -> target``, fenced by this owner's lease and the claim's

@@ -33,6 +33,7 @@ from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import DEFAULT_TOPICS
 from dispatcher.states import CapabilityStatus
 from dispatcher.states import ExecutionStatus as S
+from dispatcher.tenancy import ordering_key
 from dispatcher.worker.breakers import Breakers
 from dispatcher.worker.executor import Executor
 from dispatcher.worker.redrive import redrive_resumed
@@ -340,7 +341,64 @@ async def test_a_call_that_spent_its_attempts_waits_for_the_breaker_a_bounded_nu
         )
     call = done.view.tool_call_id
     await provider.down()
-    # Two refused attempts, far below the threshold: not the call's failure, it waits.
+    # Two refused attempts, far below the threshold: not the call's failure, it waits,
+    # with no new command (not held by the gate: sent again at once, it would spend
+    # its claims on a provider still down).
     assert await executor.execute(call, "acme") is S.AUTHORIZED
+    assert len(await messages(sessions, ordering_key("acme", call))) == 1
     # Claimed as often as its policy has attempts: it fails as it would without one.
     assert await executor.execute(call, "acme") is S.FAILED
+
+
+@pytest.mark.parametrize("resumed", [True, False])
+async def test_a_call_a_stale_view_held_after_the_breaker_closed_is_sent_again_at_once(
+    sessions: Sessions, registry: CapabilityRegistry, gated: tuple[Executor, Breakers],
+    provider: Provider, resumed: bool,
+) -> None:  # fmt: skip
+    """Worker A claims a call; worker B's failures open the breaker and A learns it;
+    the breaker closes (an operator's resume) before A sends: A's gate, its view stale,
+    holds the call, recorded back in ``authorized`` after the resume, so the resume's
+    drain (calls authorized before it) never sees it. A new command goes at once, caused
+    by the hold's event; while the capability is still paused, none does."""
+    executor_a, breakers_a = gated
+    call = await submitted(sessions, registry, "acme", 0)
+    claim = await executor_a.claim(call, "acme")
+    assert claim is not None
+    await provider.down()
+    async with Transport() as http:
+        client = ProviderClient(http).guarded(Breakers(sessions, registry, topics=TOPICS))
+        executor_b = Executor(sessions, registry, client, worker_id="worker-b", topics=TOPICS)
+        await executor_b.execute(await submitted(sessions, registry, "acme", 1), "acme")
+    assert await breaker_state(sessions) == "open"
+    await breakers_a.step(executor_a)  # A learns it, after its claim (before the cool-down)
+    if resumed:
+        async with sessions() as session, session.begin():
+            await change_capability(
+                session, "send", PauseRequest(reason="back", every_tenant=True),
+                CapabilityStatus.ACTIVE, tenant="acme", actor=Actor("oncall", "acme", "api"),
+                registry=registry,
+            )  # fmt: skip
+        assert await breaker_state(sessions) == "closed"
+    await provider.up()
+
+    assert await executor_a.run(claim) is S.AUTHORIZED
+    async with sessions() as session:
+        hold = (
+            await session.execute(
+                text(
+                    "SELECT event_id, payload FROM execution_events WHERE tool_call_id = :c"
+                    " AND event_type = 'tool.call.redispatched'"
+                ),
+                {"c": call},
+            )
+        ).one()
+    assert hold.payload["attempts"] == 0  # held by the gate, nothing sent
+    commands = await messages(sessions, ordering_key("acme", call))
+    if not resumed:
+        assert len(commands) == 1  # intake's: the resume's drain writes the next
+        return
+    assert len(commands) == 2
+    assert commands[1]["causationId"] == hold.event_id
+    assert commands[1]["toolCallId"] == call and commands[1]["tenant"] == "acme"
+    # Claimed again after A learned of the breaker: A's gate lets it go.
+    assert await executor_a.execute(call, "acme") is S.COMPLETED
