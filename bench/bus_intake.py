@@ -45,8 +45,9 @@ from aiokafka import AIOKafkaProducer
 
 from bench.bus_producers import POLL_SECONDS, Commits, Sent, bus_process, produce_all
 from bench.harness import Cell, CpuMeter, postgres_meter, render_table
-from bench.intake import ScratchDatabases, run_psycopg, schedule, wait_quiet
+from bench.intake import ScratchDatabases, schedule, wait_quiet
 from bench.intake_http import run_http, server_flavour
+from bench.intake_modes import run_psycopg
 from bench.intake_rows import TENANT
 from devtools.embedded import Tansu
 

@@ -36,12 +36,12 @@ def faststream_client(broker: Any, sessions: async_sessionmaker[AsyncSession], r
 
 
 async def run_faststream(url: str, clients: int, seconds: float, warmup: float) -> Cell:
-    # Imported here: bench.intake imports this module (and its engine is the one to
-    # share); faststream-outbox is the bench extra's, not the test extra's, and the
-    # benchmarks' own tests import bench.intake.
+    # Imported here: bench.intake_modes imports this module (and its engine is the one
+    # to share); faststream-outbox is the bench extra's, not the test extra's, and the
+    # benchmarks' own tests import bench.intake_modes.
     from faststream_outbox import OutboxBroker, make_outbox_table
 
-    from bench.intake import library_engine
+    from bench.intake_modes import library_engine
 
     engine = library_engine(url, clients)
     metadata = MetaData()

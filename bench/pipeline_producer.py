@@ -26,7 +26,7 @@ import uvloop
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from bench.intake import library_engine
+from bench.intake_modes import library_engine
 from bench.intake_rows import CAPABILITY, INPUT, TENANT
 from devtools.registries import sandbox_registry
 from dispatcher.db.engine import session_factory

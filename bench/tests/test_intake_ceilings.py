@@ -12,7 +12,7 @@ from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from bench.intake import library_client, psycopg_client, psycopg_in_session_client
+from bench.intake_modes import library_client, psycopg_client, psycopg_in_session_client
 from dispatcher.db.tables import execution_events, outbox, run_summaries, tool_calls
 
 pytestmark = pytest.mark.postgres
