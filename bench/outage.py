@@ -41,21 +41,26 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 
 from bench.harness import render_table, service_env, start_python, stop_process
 from bench.intake import ScratchDatabases
-from devtools.chaos.proxy import ProxyMode, TcpProxy
+from bench.outage_provider import Provider
+from bench.outage_reads import (
+    drained,
+    failed_attempts,
+    failed_probes,
+    failed_span,
+    most_effects,
+    status_counts,
+)
 from devtools.embedded import Tansu, free_port
 from devtools.registries import capability, registry_of, registry_toml
 from devtools.sandbox import SandboxServer
 from dispatcher.settings import hash_api_key
-from dispatcher.states import SETTLED_STATES
 
 CAPABILITY = "send-email"
 KEY = "tdk_bench_outage_operator"
 DRILLS = ("as-is", "paused", "breaker")
-SETTLED = sorted(s.value for s in SETTLED_STATES)
 
 
 @dataclass
@@ -75,71 +80,6 @@ class Drill:
     """The most effects the provider applied for one key (1: none twice)."""
     failed_probes: int = 0
     """Probe calls the breaker let through that failed (each opened it again)."""
-
-
-class Provider:
-    """The sandbox behind a proxy, down in one of three ways (``--down``):
-
-    - ``refuse``: nothing listens (connection refused: provably not sent);
-    - ``reset``: connections are accepted and reset at once (a request may have left);
-    - ``503``: the provider answers ``503`` with ``Retry-After: 1`` to everything.
-
-    It counts what reached it while down: refused connections cannot be counted (nothing
-    is there to count them), reset ones and 503s are."""
-
-    def __init__(self, sandbox: SandboxServer, down: str) -> None:
-        upstream = httpx.URL(sandbox.url)
-        self.sandbox_url = sandbox.url
-        self.down = down
-        self.proxy = _CountingProxy(upstream.host, upstream.port or 80)
-        self.reached: int | None = None if down == "refuse" else 0
-        self.recovered_at = 0.0
-        self._received_before = 0
-
-    async def fail(self) -> None:
-        if self.down == "refuse":
-            await self.proxy.close_listener()
-        elif self.down == "reset":
-            self.proxy.set_mode(ProxyMode.CUT)
-        else:
-            self._received_before = await self._received()
-            await self._sandbox("POST", {"kind": "error", "status": 503, "retryAfter": 1})
-
-    async def recover(self) -> None:
-        self.recovered_at = time.monotonic()
-        if self.down == "refuse":
-            await self.proxy.start()
-        elif self.down == "reset":
-            self.proxy.set_mode(ProxyMode.PASS)
-            self.reached = self.proxy.refused
-        else:
-            await self._sandbox("DELETE", None)
-            self.reached = await self._received() - self._received_before
-
-    async def _received(self) -> int:
-        async with httpx.AsyncClient(base_url=self.sandbox_url) as client:
-            books = (await client.get("/v1/effects")).json()
-        return sum(books["received"].values())
-
-    async def _sandbox(self, method: str, rule: dict[str, object] | None) -> None:
-        async with httpx.AsyncClient(base_url=self.sandbox_url) as client:
-            (await client.request(method, "/v1/faults", json=rule)).raise_for_status()
-
-
-class _CountingProxy(TcpProxy):
-    """The proxy, counting the connections it resets while cut, and able to stop
-    listening (and listen again on the same port)."""
-
-    refused = 0
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.mode is ProxyMode.CUT:
-            self.refused += 1
-        await super()._accept(reader, writer)
-
-    async def close_listener(self) -> None:
-        self._requested_port = self.port
-        await self.stop()
 
 
 async def run_drill(name: str, url: str, args: argparse.Namespace, home: Path) -> Drill:
@@ -165,14 +105,14 @@ async def run_drill(name: str, url: str, args: argparse.Namespace, home: Path) -
             ) as api:
                 await _ready(api)
                 await _drive(drill, api, provider, args)
-                settled = await _drained(url, drill.submitted, args.settle)
+                settled = await drained(url, drill.submitted, args.settle)
                 if settled is not None:
                     drill.drain_seconds = settled - provider.recovered_at
-                drill.statuses = await _statuses(url)
-                drill.failed_span = await _failed_span(url)
-                drill.failed_attempts = await _failed_attempts(url)
-                drill.most_effects = await _most_effects(sandbox.url)
-                drill.failed_probes = await _failed_probes(url)
+                drill.statuses = await status_counts(url)
+                drill.failed_span = await failed_span(url)
+                drill.failed_attempts = await failed_attempts(url)
+                drill.most_effects = await most_effects(sandbox.url)
+                drill.failed_probes = await failed_probes(url)
         finally:
             for process in processes:
                 await stop_process(process)
@@ -287,74 +227,6 @@ async def _submit(api: httpx.AsyncClient, n: int, drill: Drill) -> None:
         if reply.status_code in (200, 201):
             drill.submitted += 1
         return
-
-
-async def _statuses(url: str) -> Counter[str]:
-    async with await psycopg.AsyncConnection.connect(url) as conn:
-        rows = await (
-            await conn.execute("SELECT status, count(*) FROM tool_calls GROUP BY status")
-        ).fetchall()
-    return Counter({status: int(n) for status, n in rows})
-
-
-async def _failed_span(url: str) -> tuple[float, float] | None:
-    async with await psycopg.AsyncConnection.connect(url) as conn:
-        row = await (
-            await conn.execute(
-                "SELECT extract(epoch FROM min(created_at) FILTER (WHERE status = 'failed')"
-                " - min(created_at)), extract(epoch FROM max(created_at)"
-                " FILTER (WHERE status = 'failed') - min(created_at)) FROM tool_calls"
-            )
-        ).fetchone()
-    if row is None or row[0] is None:
-        return None
-    return float(row[0]), float(row[1])
-
-
-# Each outcome event names the attempts its dispatch made; all but a success's last one
-# failed. Held (dispatching -> authorized) and failed outcomes failed every attempt.
-_FAILED_ATTEMPTS = """
-SELECT coalesce(sum(CASE WHEN event_type IN ('tool.call.completed', 'tool.call.accepted')
-                         THEN (payload->>'attempts')::int - 1
-                         ELSE (payload->>'attempts')::int END), 0)
-FROM execution_events
-WHERE payload ? 'attempts' AND payload->'from' ? 'dispatching'
-"""
-
-
-async def _failed_attempts(url: str) -> int:
-    async with await psycopg.AsyncConnection.connect(url) as conn:
-        row = await (await conn.execute(_FAILED_ATTEMPTS)).fetchone()
-    return int(row[0]) if row else 0
-
-
-async def _failed_probes(url: str) -> int:
-    async with await psycopg.AsyncConnection.connect(url) as conn:
-        row = await (
-            await conn.execute(
-                "SELECT count(*) FROM capability_events WHERE event_type ="
-                " 'capability.breaker_opened' AND reason LIKE '%probe%'"
-            )
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
-async def _most_effects(sandbox_url: str) -> int:
-    async with httpx.AsyncClient(base_url=sandbox_url) as client:
-        books = (await client.get("/v1/effects")).json()
-    return max(books["effects"].values(), default=0)
-
-
-async def _drained(url: str, submitted: int, within: float) -> float | None:
-    """When (``time.monotonic()``) every submitted call was settled (the provider is
-    back by now)."""
-    started = time.monotonic()
-    while time.monotonic() - started < within:
-        statuses = await _statuses(url)
-        if sum(statuses[s] for s in SETTLED) >= submitted:
-            return time.monotonic()
-        await asyncio.sleep(0.5)
-    return None
 
 
 def report(drills: list[Drill], markdown: bool) -> str:
