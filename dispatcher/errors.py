@@ -310,11 +310,17 @@ class Unprocessable(DispatcherError):
 class IdempotencyKeyReused(Unprocessable):
     code, title = "idempotency_key_reused", "Idempotency key reused"
 
-    def __init__(self, key: str, tool_call_id: str) -> None:
+    def __init__(
+        self, key: str, tool_call_id: str | None = None, *, operation_id: str | None = None
+    ) -> None:
+        # The answer names what the key made: a tool call, or a bulk operation.
+        made = (
+            {"toolCallId": tool_call_id} if operation_id is None else {"operationId": operation_id}
+        )
         super().__init__(
             "this idempotency key was already used for a different request",
             idempotencyKey=key,
-            toolCallId=tool_call_id,
+            **made,
         )
 
 

@@ -14,7 +14,7 @@ from dispatcher.api.bodies import model_response, parse_body
 from dispatcher.api.deps import Operator, Sessions
 from dispatcher.api.openapi import documented
 from dispatcher.api.params import AfterCursor
-from dispatcher.errors import OperationFinished, OperationNotFound
+from dispatcher.errors import IdempotencyKeyReused, OperationFinished, OperationNotFound
 from dispatcher.operations import service
 from dispatcher.operations.models import (
     OperationAnswer,
@@ -35,6 +35,7 @@ MAX_PAGE = 500
 @router.post(
     "/v1/operations",
     **documented(
+        IdempotencyKeyReused,
         body=OperationRequest,
         answer=OperationView,
         status=201,

@@ -19,7 +19,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.control.actor import Actor
 from dispatcher.db.tables import bulk_operation_calls, bulk_operations
-from dispatcher.errors import Forbidden, OperationFinished, OperationNotFound, ValidationFailed
+from dispatcher.errors import (
+    Forbidden,
+    IdempotencyKeyReused,
+    OperationFinished,
+    OperationNotFound,
+    ValidationFailed,
+)
 from dispatcher.ids import random_hex
 from dispatcher.ledger.operations import insert_operation, move_operation
 from dispatcher.operations.actions import ACTIONS
@@ -79,7 +85,9 @@ async def submit(
     actor: Actor,
 ) -> tuple[OperationView, bool]:
     """The recorded operation (``running``, its total counted as of its submission),
-    and whether it was recorded just now (False: its key was submitted before)."""
+    and whether it was recorded just now (False: its key was submitted before, with the
+    same request). Raises :class:`IdempotencyKeyReused` when the key made an operation
+    of another request."""
     where = _checked(request, tenant=tenant, admin=admin)
     params = {"reason": request.reason, "newIdempotencyKey": request.new_idempotency_key}
     if request.finding is not None:
@@ -104,7 +112,14 @@ async def submit(
             bulk_operations.c.tenant == tenant,
             bulk_operations.c.idempotency_key == request.idempotency_key,
         )
-        return OperationView.of((await session.execute(earlier)).one()._mapping), False
+        made = (await session.execute(earlier)).one()
+        # The same request again is a replay, whoever sends it; another under its key
+        # is refused, as a tool call's is (its filter compared as it was kept).
+        if (made.kind, made.filter, made.params) != (request.kind.value, where, params):
+            raise IdempotencyKeyReused(
+                request.idempotency_key or "", operation_id=made.operation_id
+            )
+        return OperationView.of(made._mapping), False
     return OperationView.of(row._mapping), True
 
 

@@ -260,6 +260,38 @@ async def test_a_processor_that_stops_between_batches_hands_its_operation_on_at_
     assert await claim(other) == made["operationId"]
 
 
+async def test_a_key_replays_its_request_and_refuses_another(
+    api: httpx.AsyncClient, sessions: Sessions
+) -> None:
+    await failed_calls(sessions, ["k1", "k2"])
+    body = retry(capabilityId="send") | {"idempotencyKey": "nightly"}
+    first = await post(api, body)
+    assert first.status_code == 201, first.text
+    made = first.json()["operationId"]
+    # The same request, sent by another key of the tenant: the operation it made.
+    again = await post(api, body, key=ADMIN)
+    assert (again.status_code, again.json()["operationId"]) == (200, made)
+    for other in (
+        {"kind": "cancel"},
+        {"filter": {"capabilityId": "refund"}},
+        {"reason": "another reason"},
+        {"newIdempotencyKey": True},
+    ):
+        refused = await post(api, body | other)
+        assert refused.status_code == 422, (other, refused.text)
+        assert refused.headers["content-type"] == "application/problem+json"
+        problem = refused.json()
+        assert (problem["code"], problem["operationId"]) == ("idempotency_key_reused", made)
+        assert problem["idempotencyKey"] == "nightly" and "toolCallId" not in problem
+    # Another tenant's same key is its own.
+    assert (await post(api, body, key=GLOBEX)).status_code == 201
+    async with sessions() as session:
+        kept = await session.execute(
+            select(bulk_operations.c.tenant).where(bulk_operations.c.idempotency_key == "nightly")
+        )
+        assert sorted(kept.scalars()) == ["acme", "globex"]
+
+
 async def test_an_operation_touches_a_call_at_most_once(
     api: httpx.AsyncClient, sessions: Sessions, registry: CapabilityRegistry
 ) -> None:

@@ -154,11 +154,12 @@ def test_every_error_is_problem_json(document: dict[str, Any]) -> None:
 
 def test_no_422_but_the_reused_key(document: dict[str, Any]) -> None:
     with_422 = {key for key, op in operations(document).items() if "422" in op["responses"]}
-    assert with_422 == {("post", "/v1/tool-calls")}
-    assert (
-        "idempotency_key_reused"
-        in document["paths"]["/v1/tool-calls"]["post"]["responses"]["422"]["description"]
-    )
+    assert with_422 == {("post", "/v1/tool-calls"), ("post", "/v1/operations")}
+    for path in ("/v1/tool-calls", "/v1/operations"):
+        assert (
+            "idempotency_key_reused"
+            in document["paths"][path]["post"]["responses"]["422"]["description"]
+        )
     assert "HTTPValidationError" not in document["components"]["schemas"]
 
 
