@@ -75,6 +75,9 @@ class WebhookSettings(BaseModel):
     # How long a claimed delivery stays off other senders (more than timeout_seconds).
     lease_seconds: float = Field(default=60.0, gt=0)
     interval_seconds: float = Field(default=1.0, gt=0)
+    # A dead delivery not sent again is removed this long after it died (the console
+    # lists it until then).
+    dead_kept_days: float = Field(default=30.0, gt=0)
     # An approval pending with less than this left is reported as approval.expiring.
     expiring_within_seconds: float = Field(default=900.0, gt=0)
 

@@ -92,6 +92,12 @@ def webhook_deliveries_table(metadata: MetaData) -> Table:
             "seq",
             postgresql_where=text(f"status = '{WebhookDeliveryStatus.DEAD.value}'"),
         ),
+        # The dead by the time they died (updated_at): the oldest leave first.
+        Index(
+            "ix_webhook_deliveries_dead_since",
+            "updated_at",
+            postgresql_where=text(f"status = '{WebhookDeliveryStatus.DEAD.value}'"),
+        ),
     )
 
 

@@ -16,16 +16,19 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import ColumnElement, delete, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql.dml import ReturningDelete
 
 from dispatcher.db.tables import (
     webhook_deliveries,
     webhook_notifications,
     webhook_subscription_states,
 )
+from dispatcher.db.webhooks import DEAD_DELIVERIES
 from dispatcher.ids import random_hex
 from dispatcher.states import WebhookDeliveryStatus, webhook_delivery_sources
 from dispatcher.webhook_settings import WebhookSubscription
@@ -297,3 +300,33 @@ async def redeliver(session: AsyncSession, *, tenant: str, delivery_id: str) -> 
         .returning(webhook_deliveries.c.delivery_id)
     )
     return moved.first() is not None
+
+
+async def purge_dead(session: AsyncSession, *, kept_seconds: float, limit: int = 500) -> int:
+    """Remove the dead deliveries that died more than ``kept_seconds`` ago and were not
+    sent again, the oldest first, at most ``limit``; how many. A delivery another
+    sender holds locked is left for its next pass."""
+    gone = await session.execute(purge_dead_statement(kept_seconds, limit))
+    return len(gone.all())
+
+
+def purge_dead_statement(kept_seconds: float, limit: int) -> ReturningDelete[Any]:
+    """:func:`purge_dead`'s statement: a range of ``ix_webhook_deliveries_dead_since``,
+    the expired dead only, whatever else the table holds."""
+    died_before = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, kept_seconds)
+    # Materialized: as a subquery under IN, a rescan of it skips the rows this DELETE
+    # already removed and takes the next ones, past the limit.
+    doomed = (
+        select(webhook_deliveries.c.delivery_id)
+        .where(DEAD_DELIVERIES, webhook_deliveries.c.updated_at < died_before)
+        .order_by(webhook_deliveries.c.updated_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("doomed")
+        .prefix_with("MATERIALIZED")
+    )
+    return (
+        delete(webhook_deliveries)
+        .where(webhook_deliveries.c.delivery_id == doomed.c.delivery_id, DEAD_DELIVERIES)
+        .returning(webhook_deliveries.c.delivery_id)
+    )

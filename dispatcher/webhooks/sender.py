@@ -1,7 +1,8 @@
 """The sender: fans notifications out, then POSTs each due delivery, signed.
 
-One pass (:meth:`Sender.step`) reports new outbox dead letters, fans notifications out
-to the subscriptions this process loaded, then claims as many due deliveries as it has
+One pass (:meth:`Sender.step`) reports new outbox dead letters, removes the dead
+deliveries kept long enough (every few minutes), fans notifications out to the
+subscriptions this process loaded, then claims as many due deliveries as it has
 free slots and starts a POST for each; it does not wait for them. So a receiver that
 is slow holds its own slots only (at most ``per_subscription`` of them, and only its
 subscription backs off when it fails), never another subscription's deliveries. Each
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -33,6 +35,10 @@ from dispatcher.webhooks.deliveries import Claimed
 log = logging.getLogger(__name__)
 
 FAN_OUT_BATCH = 200
+PURGE_BATCH = 500
+PURGE_EVERY_SECONDS = 300.0
+"""How often a sender removes the dead deliveries kept long enough: they expire by the
+day, and a pass every second would read the index for nothing."""
 
 
 @dataclass(slots=True)
@@ -47,6 +53,8 @@ class Sender:
     secrets: dict[str, str] = field(default_factory=dict)
     _in_flight: set[asyncio.Task[None]] = field(default_factory=set)
     _per_subscription: Counter[str] = field(default_factory=Counter)
+    # When (time.monotonic()) this process last removed expired dead deliveries.
+    _purged_at: float | None = None
 
     @classmethod
     def start(
@@ -74,13 +82,34 @@ class Sender:
             log.warning("%d pending webhook deliveries of removed subscriptions are dead", killed)
 
     async def step(self) -> None:
-        """One pass: report dead letters, fan out, start the due POSTs."""
+        """One pass: report dead letters, remove expired dead deliveries (now and then),
+        fan out, start the due POSTs."""
         async with self.sessions() as session, session.begin():
             await sweeps.report_dead_letters(session)
             await sweeps.forget_gone_dead_letters(session)
+        now = time.monotonic()
+        if self._purged_at is None or now - self._purged_at >= PURGE_EVERY_SECONDS:
+            self._purged_at = now
+            await self._purge_dead()
         while await self._fan_out() == FAN_OUT_BATCH:
             pass
         await self._start_due()
+
+    async def _purge_dead(self) -> None:
+        """The dead deliveries kept ``dead_kept_days``, removed a batch a transaction."""
+        kept = self.settings.dead_kept_days * 86_400
+        removed = PURGE_BATCH
+        total = 0
+        while removed == PURGE_BATCH:
+            async with self.sessions() as session, session.begin():
+                removed = await deliveries.purge_dead(session, kept_seconds=kept, limit=PURGE_BATCH)
+            total += removed
+        if total:
+            log.info(
+                "%d dead webhook deliveries removed, dead for over %g days",
+                total,
+                self.settings.dead_kept_days,
+            )
 
     async def _fan_out(self) -> int:
         subs = list(self.subscriptions.values())
