@@ -49,10 +49,13 @@ def s3_endpoint() -> Iterator[str]:
     )
     endpoint = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90
         while True:
             try:
-                httpx.get(endpoint, timeout=1)
+                # A refused connection is retried at once; once it listens, its first
+                # answer may take many seconds on a loaded machine (moto loads its
+                # backends then), and an attempt cut short would only start another.
+                httpx.get(endpoint, timeout=httpx.Timeout(60, connect=1))
                 break
             except httpx.TransportError:
                 assert server.poll() is None and time.monotonic() < deadline, "moto did not start"
