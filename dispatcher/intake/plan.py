@@ -10,7 +10,7 @@ from typing import Any
 
 from dispatcher.capabilities import Capability
 from dispatcher.ids import random_hex
-from dispatcher.ledger.events import CallContext, EventType, event_row
+from dispatcher.ledger.events import CallContext, EventType, envelope, event_row
 from dispatcher.ledger.messages import DispatchCommand, Producer
 from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import Topics
@@ -106,8 +106,8 @@ def plan_created(
         # headers to the Kafka message), the dispatch command's consumer continues it.
         command["headers"].update(context)
         messages.append({**command, "call_tenant": prep.tenant, "call": call})
-    # JSON parameters: the timestamp travels as ISO 8601 text.
-    events.extend({**e, **context, "occurred_at": e["occurred_at"].isoformat()} for e in new)
+    # Each event as its message's payload, which the statement takes as it is.
+    events.extend({"message": envelope(e), **context} for e in new)
 
 
 def _approval(prep: Prepared) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from dispatcher.db.jsonb import dumps
 from dispatcher.db.sqltext import compact
 from dispatcher.db.tables import tool_calls
-from dispatcher.ledger.events import envelope_sql
+from dispatcher.ledger.events import ENVELOPE, headers_sql
 from dispatcher.schemas import ToolCallView
 from dispatcher.states import INITIAL_STATES
 from dispatcher.tenancy import ordering_key_sql
@@ -74,30 +74,39 @@ _STOPPED = """stopped AS MATERIALIZED (
 )"""
 
 
-# The created calls' events, each of which is also published: its message is built
-# here from the row it inserts (envelope_sql), so an event travels once as JSON and
-# no message of an event is built in Python. ``occurred_at`` stays the ISO 8601 text
-# the row was planned with, which the message carries; ``traceparent`` and
-# ``tracestate`` are the submission's context, a header of each message, not columns.
-_EVENT_TRACE = ("traceparent", "tracestate")
+# The created calls' events, each of which is also published. Each arrives as its
+# message's payload (dispatcher.ledger.events.envelope), beside the submission's trace
+# context: the outbox row takes that payload as it is, and the event row its columns
+# (jsonb_to_record), so an event travels once as JSON and no message is built, in
+# Python or here (jsonb_build_object cost PostgreSQL a type lookup per argument per
+# row). ``occurredAt`` stays the ISO 8601 text the row was planned with, which the
+# message carries; ``traceparent`` and ``tracestate`` are a header of each message.
+def _q(name: str) -> str:
+    """A published (camelCase) name as an SQL identifier."""
+    return name if name.islower() else f'"{name}"'
+
+
+_PUBLISHED = {
+    column: _q(name) for name, column in {**ENVELOPE, "occurredAt": "occurred_at"}.items()
+}
 _EVENT_SPEC = ", ".join(
-    [
-        *(f"{c} {'text' if c == 'occurred_at' else t}" for c, t in _EVENT_COLUMNS.items()),
-        *(f"{c} text" for c in _EVENT_TRACE),
-    ]
+    f"{_PUBLISHED[c]} {'text' if c == 'occurred_at' else t}" for c, t in _EVENT_COLUMNS.items()
 )
 _EVENTS_IN = f"""events_in AS MATERIALIZED (
-    SELECT * FROM ROWS FROM (jsonb_to_recordset(:events) AS ({_EVENT_SPEC}))
-    WITH ORDINALITY AS e_in
-    WHERE (tenant, tool_call_id) IN (SELECT tenant, tool_call_id FROM calls)
+    SELECT * FROM ROWS FROM (jsonb_to_recordset(:events) AS
+        (message jsonb, traceparent text, tracestate text)) WITH ORDINALITY AS e_in,
+    jsonb_to_record(message) AS x({_EVENT_SPEC})
+    WHERE (tenant, {_PUBLISHED["tool_call_id"]}) IN (SELECT tenant, tool_call_id FROM calls)
 )"""  # noqa: S608 - constant column lists
 _INSERTED_EVENT = ", ".join(
-    "occurred_at::timestamptz" if c == "occurred_at" else c for c in _EVENT_COLUMNS
+    f"{_PUBLISHED[c]}::timestamptz" if c == "occurred_at" else _PUBLISHED[c] for c in _EVENT_COLUMNS
 )
-_EVENT_PAYLOAD, _ENVELOPE_HEADERS = envelope_sql("e", "e.occurred_at")
-_EVENT_KEY = ordering_key_sql("e.tenant", "e.run_id")
+_EVENT_KEY = ordering_key_sql("e.tenant", f"e.{_PUBLISHED['run_id']}")
 _EVENT_HEADERS = (
-    f"{_ENVELOPE_HEADERS} || jsonb_strip_nulls("
+    headers_sql(
+        *(f"e.{_PUBLISHED[c]}" for c in ("event_id", "event_type", "producer", "occurred_at"))
+    )
+    + " || jsonb_strip_nulls("
     "jsonb_build_object('traceparent', e.traceparent, 'tracestate', e.tracestate))"
 )
 
@@ -158,7 +167,7 @@ def _intake(approvals: bool) -> TextualSelect:
     INSERT INTO outbox ({", ".join(_OUTBOX_COLUMNS)})
     SELECT {", ".join(_OUTBOX_COLUMNS)} FROM (
         SELECT 0 AS part, e.ordinality, CAST(:events_topic AS text) AS topic, {_EVENT_KEY} AS key,
-            {_EVENT_PAYLOAD} AS payload, {_EVENT_HEADERS} AS headers
+            e.message AS payload, {_EVENT_HEADERS} AS headers
         FROM events_in e
         UNION ALL
         SELECT 1, m.ordinality, m.topic, m.key, m.payload, m.headers
@@ -180,8 +189,8 @@ INTAKE = _intake(approvals=True)
 which is about 4% of PostgreSQL's instructions for a call (callgrind)."""
 
 # Compact on the wire, under psycopg's parse-cache limit of 4,096 characters
-# (dispatcher.db.sqltext: the layout makes it 4,416, compact 3,978 with the approvals'
-# INSERT and 3,522 without); tests/intake hold it there. The tables' row types type the
+# (dispatcher.db.sqltext: the layout makes it 4,090, compact 3,669 with the approvals'
+# INSERT and 3,213 without); tests/intake hold it there. The tables' row types type the
 # calls' and approvals' JSON (_rows_of): their column lists written out were 400
 # characters, the count of the runs' summaries 360.
 _INTAKE_SQL = {

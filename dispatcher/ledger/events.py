@@ -206,12 +206,17 @@ def envelope_sql(row: str, occurred: str) -> tuple[str, str]:
     parameters carry each event once (``tests/ledger`` holds the two equal)."""
     pairs = [f"'{name}', {row}.{column}" for name, column in ENVELOPE.items()]
     payload = f"jsonb_build_object({', '.join(pairs)}, 'occurredAt', {occurred})"
-    headers = (
-        f"jsonb_build_object('ce_id', {row}.event_id, 'ce_type', {row}.event_type,"
-        f" 'ce_source', '{ce_source('')}' || {row}.producer,"
+    return payload, headers_sql(f"{row}.event_id", f"{row}.event_type", f"{row}.producer", occurred)
+
+
+def headers_sql(event_id: str, event_type: str, producer: str, occurred: str) -> str:
+    """:func:`event_message`'s headers as SQL over an event's id, type, producer and
+    time (ISO 8601 text), each an SQL expression."""
+    return (
+        f"jsonb_build_object('ce_id', {event_id}, 'ce_type', {event_type},"
+        f" 'ce_source', '{ce_source('')}' || {producer},"
         f" 'ce_specversion', '{CLOUDEVENTS_SPEC_VERSION}', 'ce_time', {occurred})"
     )
-    return payload, headers
 
 
 def event_message(event: Mapping[str, Any], topics: Topics) -> dict[str, Any]:
