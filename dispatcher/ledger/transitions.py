@@ -266,14 +266,15 @@ MOVED_COLUMNS = [
     tool_calls.c[name]
     for name in (
         "tool_call_id", "tenant", "run_id", "turn_id", "capability_id", "correlation_id",
-        "reasoning_object_id", "idempotency_key", "provider_key", "input", "status", "version",
+        "reasoning_object_id", "idempotency_key", "provider_key", "status", "version",
         "external_request_id", "dispatch_attempts", "reconcile_attempts", "traceparent",
         "tool_name",
     )
 ]  # fmt: skip
 """What :func:`move_many` returns of each moved row: its identity, the context of its
-events, and what a claim needs to send it (not every column: a batch's rows are
-decoded in Python, and results or timestamps are not needed)."""
+events, and what a claim needs to send it but its input (not every column: a batch's
+rows are decoded in Python, and results or timestamps are not needed). The input,
+which can be large and is parsed from JSON, comes back only when asked for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +309,7 @@ async def move_many(
     row_payload: Callable[[RowMapping], Mapping[str, Any]] | None = None,
     topics: Topics = DEFAULT_TOPICS,
     causation_id: str | None = None,
+    with_input: bool = False,
 ) -> list[Moved]:
     """:func:`move` for many calls in three statements, whatever their number: one
     conditional UPDATE (each row fenced by status, ``lease_owner`` unless None, its own
@@ -319,6 +321,7 @@ async def move_many(
     the result, and the caller treats it as taken over. ``row_payload`` adds to each
     event's payload what only the moved row tells. Each moved call comes back with its
     event. ``causation_id`` is every event's cause (a bulk operation's id), if any.
+    ``with_input``: each moved row also holds the call's input (what a claim sends).
     """
     if not moves:
         return []
@@ -344,7 +347,7 @@ async def move_many(
     moved = await execute_counted(
         session,
         stmt,
-        returning=MOVED_COLUMNS,
+        returning=[*MOVED_COLUMNS, tool_calls.c.input] if with_input else MOVED_COLUMNS,
         sources=sources,
         targets=[target],
         candidates=[keys, *where],

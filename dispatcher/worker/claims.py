@@ -149,6 +149,7 @@ async def claim_calls(
         topics=topics,
         lease_owner=fence_owner,
         fields=fields,
+        with_input=True,
         where=[
             tool_calls.c.capability_id
             == any_(bindparam("capabilities", list(leases), type_=ARRAY(Text))),
