@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from dispatcher.db.jsonb import dumps
 from dispatcher.db.sqltext import compact
 from dispatcher.db.tables import tool_calls
-from dispatcher.ledger.events import ENVELOPE, headers_sql
+from dispatcher.ledger.events import PUBLISHED_AS, headers_sql
 from dispatcher.schemas import ToolCallView
 from dispatcher.states import INITIAL_STATES
 from dispatcher.tenancy import ordering_key_sql
@@ -86,9 +86,7 @@ def _q(name: str) -> str:
     return name if name.islower() else f'"{name}"'
 
 
-_PUBLISHED = {
-    column: _q(name) for name, column in {**ENVELOPE, "occurredAt": "occurred_at"}.items()
-}
+_PUBLISHED = {column: _q(name) for name, column in PUBLISHED_AS.items()}
 _EVENT_SPEC = ", ".join(
     f"{_PUBLISHED[c]} {'text' if c == 'occurred_at' else t}" for c, t in _EVENT_COLUMNS.items()
 )

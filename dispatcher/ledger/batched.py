@@ -22,9 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from dispatcher.db.tables import execution_events
 from dispatcher.ledger.events import (
-    ENVELOPE,
+    PUBLISHED_AS,
     envelope,
-    envelope_sql,
+    headers_sql,
     is_published,
     published_sql,
 )
@@ -36,29 +36,28 @@ MESSAGE_COLUMNS = ["topic", "key", "payload", "headers"]
 
 
 def _spec() -> str:
-    """The events' record type, by their published names (:data:`ENVELOPE`);
+    """The events' record type, by their published names (:data:`PUBLISHED_AS`);
     ``occurredAt`` stays text: the messages carry the very ISO 8601 text the event row
     was built with."""
     dialect = PGDialect_psycopg()  # type: ignore[no-untyped-call]
     types = {n: execution_events.c[n].type.compile(dialect=dialect) for n in EVENT_COLUMNS}
     return ", ".join(
         f'"{name}" {"text" if column == "occurred_at" else types[column]}'
-        for name, column in _PUBLISHED.items()
+        for name, column in PUBLISHED_AS.items()
     )
 
 
-_PUBLISHED = {**ENVELOPE, "occurredAt": "occurred_at"}
 _LISTED = ", ".join(EVENT_COLUMNS)
 _INSERTED = ", ".join(
     "e.occurred_at::timestamptz" if n == "occurred_at" else f"e.{n}" for n in EVENT_COLUMNS
 )
-_HEADERS = envelope_sql("e", "e.occurred_at")[1]
+_HEADERS = headers_sql("e.event_id", "e.event_type", "e.producer", "e.occurred_at")
 _KEY = ordering_key_sql("e.tenant", "e.run_id")
 # Each event arrives as its message's payload (envelope()): the outbox row takes that
 # jsonb as it is, and the event row its columns. Building the payload here with
 # jsonb_build_object cost PostgreSQL about 20 µs an event (a type lookup per argument
 # per row), more than the rest of the statement.
-_COLUMNS_OF_MESSAGE = ", ".join(f'x."{n}" AS {c}' for n, c in _PUBLISHED.items())
+_COLUMNS_OF_MESSAGE = ", ".join(f'x."{n}" AS {c}' for n, c in PUBLISHED_AS.items())
 _EVENTS_IN = (
     f" SELECT {_COLUMNS_OF_MESSAGE}, a.msg, a.ord"  # noqa: S608 (constant column lists)
     " FROM jsonb_array_elements(:events) WITH ORDINALITY AS a(msg, ord),"
@@ -80,11 +79,6 @@ _INSERT_EVENTS = text(
     f"INSERT INTO execution_events ({_LISTED})"  # noqa: S608 (constant column lists)
     f" SELECT {_INSERTED} FROM ({_EVENTS_IN}) AS e ORDER BY ord"
 ).bindparams(bindparam("events", type_=JSONB))
-
-
-def as_json(event: Mapping[str, Any]) -> dict[str, Any]:
-    """An event row as a JSON parameter: its time as ISO 8601 text."""
-    return {**event, "occurred_at": event["occurred_at"].isoformat()}
 
 
 async def record_all(
