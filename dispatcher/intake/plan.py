@@ -107,7 +107,9 @@ def plan_created(
         command["headers"].update(context)
         messages.append({**command, "call_tenant": prep.tenant, "call": call})
     # Each event as its message's payload, which the statement takes as it is.
-    events.extend({"message": envelope(e), **context} for e in new)
+    events.extend(
+        {"message": envelope(e), "call_tenant": prep.tenant, "call": call, **context} for e in new
+    )
 
 
 def _approval(prep: Prepared) -> dict[str, Any]:
