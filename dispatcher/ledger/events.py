@@ -206,10 +206,10 @@ def envelope(event: Mapping[str, Any]) -> dict[str, Any]:
 
 def envelope_sql(row: str, occurred: str) -> tuple[str, str]:
     """:func:`event_message`'s payload and headers as SQL over ``row``, an alias whose
-    columns are an event row's, and ``occurred``, its time as ISO 8601 text: for rows
-    made in SQL (``bench.growth_rows``). The service's statements take each event as
-    its payload (:func:`envelope`) instead, which cost PostgreSQL no
-    ``jsonb_build_object`` of fourteen arguments a row."""
+    columns are an event row's, and ``occurred``, its time as ISO 8601 text: the
+    routed moves (:mod:`dispatcher.ledger.routed`) build their events' messages from
+    the events they insert, and rows made in SQL (``bench.growth_rows``) theirs. The
+    other statements take each event as its payload (:func:`envelope`) and keep it."""
     pairs = [f"'{name}', {row}.{column}" for name, column in ENVELOPE.items()]
     payload = f"jsonb_build_object({', '.join(pairs)}, 'occurredAt', {occurred})"
     return payload, headers_sql(f"{row}.event_id", f"{row}.event_type", f"{row}.producer", occurred)

@@ -25,31 +25,27 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
-    cast,
     column,
     func,
     insert,
     literal_column,
     select,
     text,
-    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.dml import ReturningUpdate
-from sqlalchemy.sql.selectable import CTE
+from sqlalchemy.sql.selectable import CTE, TableValuedAlias
 
 from dispatcher.db.tables import execution_events, outbox, tool_calls
 from dispatcher.ledger import summaries
 from dispatcher.ledger.batched import EVENT_COLUMNS, MESSAGE_COLUMNS
 from dispatcher.ledger.events import (
-    PUBLISHED_AS,
     CallContext,
     EventType,
-    envelope,
+    envelope_sql,
     event_row,
-    headers_sql,
     published_sql,
 )
 from dispatcher.ledger.messages import Producer
@@ -251,49 +247,27 @@ def _candidates(
 def _recorded(moved: CTE, candidates: Sequence[Mapping[str, Any]], topics: Topics) -> Select[Any]:
     """The moved calls, with the events of the status each was moved to and their
     outbox rows inserted, as one statement: PostgreSQL runs every data-modifying CTE
-    to completion whether or not the main SELECT reads it. Each event arrives as its
-    message's payload (:func:`dispatcher.ledger.events.envelope`), which its outbox
-    row keeps as it is, and its row's columns are read from it; an event of a log-only
-    type (:data:`dispatcher.ledger.events.LOG_ONLY`) gets no message."""
+    to completion whether or not the main SELECT reads it. Each message is built from
+    its event in the statement (:func:`dispatcher.ledger.events.envelope_sql`); an event
+    of a log-only type (:data:`dispatcher.ledger.events.LOG_ONLY`) gets none."""
+    rows = [{**e, "occurred_at": e["occurred_at"].isoformat()} for e in candidates]
     events = [
-        {"message": envelope(e), "to_status": e["payload"]["to"], "ord": i}
-        for i, e in enumerate(candidates)
+        {**r, "occurred": r["occurred_at"], "to_status": r["payload"]["to"], "ord": i}
+        for i, r in enumerate(rows)
     ]
-    e = (
-        func.jsonb_to_recordset(bindparam("events", events, type_=JSONB))
-        .table_valued(column("message", JSONB), column("to_status", Text), column("ord", Integer))
-        .render_derived(name="events", with_types=True)
-    )
-    x = (
-        func.jsonb_to_record(e.c.message)
-        .table_valued(*_MESSAGE_COLUMNS)
-        .render_derived(name="x", with_types=True)
-        .lateral()
-    )
-    occurred = x.c.occurredAt
+    e = _recordset("events", events, ("to_status", "occurred"))
     # The events of the statuses the calls were moved to; read twice (the events, then
     # their messages), so PostgreSQL materializes it once.
     chosen = (
-        select(
-            *(
-                cast(occurred, execution_events.c.occurred_at.type).label(c)
-                if c == "occurred_at"
-                else x.c[name].label(c)
-                for name, c in PUBLISHED_AS.items()
+        select(e)
+        .join_from(
+            e,
+            moved,
+            and_(
+                moved.c.tenant == e.c.tenant,
+                moved.c.tool_call_id == e.c.tool_call_id,
+                moved.c.status == e.c.to_status,
             ),
-            occurred.label("occurred"),
-            e.c.message,
-            e.c.ord,
-        )
-        .select_from(
-            e.join(x, true()).join(
-                moved,
-                and_(
-                    moved.c.tenant == x.c.tenant,
-                    moved.c.tool_call_id == x.c.toolCallId,
-                    moved.c.status == e.c.to_status,
-                ),
-            )
         )
         .cte("chosen")
     )
@@ -301,15 +275,13 @@ def _recorded(moved: CTE, candidates: Sequence[Mapping[str, Any]], topics: Topic
         EVENT_COLUMNS,
         select(*(chosen.c[name] for name in EVENT_COLUMNS)).order_by(chosen.c.ord),
     )
-    headers = headers_sql(
-        "chosen.event_id", "chosen.event_type", "chosen.producer", "chosen.occurred"
-    )
+    payload, headers = envelope_sql("chosen", "chosen.occurred")
     published = insert(outbox).from_select(
         MESSAGE_COLUMNS,
         select(
             bindparam("events_topic", topics.events, type_=Text),
             literal_column(ordering_key_sql("chosen.tenant", "chosen.run_id"), Text),
-            chosen.c.message,
+            literal_column(payload, JSONB),
             literal_column(headers, JSONB),
         )
         .select_from(chosen)
@@ -319,11 +291,18 @@ def _recorded(moved: CTE, candidates: Sequence[Mapping[str, Any]], topics: Topic
     return select(moved).add_cte(inserted.cte("recorded")).add_cte(published.cte("published"))
 
 
-_MESSAGE_COLUMNS = [
-    column(name, Text if c == "occurred_at" else execution_events.c[c].type)
-    for name, c in PUBLISHED_AS.items()
-]
-"""An event's published form as a record: its columns' types, its time as text."""
+def _recordset(name: str, rows: list[dict[str, Any]], texts: Sequence[str]) -> TableValuedAlias:
+    """``rows`` as one JSON parameter, typed as ``execution_events``' columns, plus the
+    text columns ``texts`` and their position ``ord``."""
+    return (
+        func.jsonb_to_recordset(bindparam(name, rows, type_=JSONB))
+        .table_valued(
+            *(column(c, execution_events.c[c].type) for c in EVENT_COLUMNS),
+            *(column(t, Text) for t in texts),
+            column("ord", Integer),
+        )
+        .render_derived(name=name, with_types=True)
+    )
 
 
 def _status(target: ColumnElement[Any], divert: Divert | None) -> ColumnElement[Any]:

@@ -1,6 +1,7 @@
 """The batch movers' statements read each event's row from its published form and
-keep that form as its message's payload, the single-call path builds the message in
-Python (``event_message``): the bus must not tell them apart. Every
+keep that form as its message's payload, the routed moves build it in SQL
+(``envelope_sql``), the single-call path in Python (``event_message``): the bus must
+not tell them apart. Every
 field of every message a batch wrote equals what ``event_message`` makes of its event,
 the messages are in the events' order, and both leave out the same events, those of
 the log-only types (``LOG_ONLY``), which are logged all the same (real PostgreSQL)."""
