@@ -4,10 +4,10 @@ The events travel as ONE JSON parameter, each event once; the statement inserts 
 and the outbox row of each one published (all but those of
 :data:`dispatcher.ledger.events.LOG_ONLY`). Each event travels as its message's
 payload (:func:`dispatcher.ledger.events.envelope`), which the outbox row takes as it
-is, and the event row takes its columns from it. Its
-text does not change with the batch size: SQLAlchemy compiles it once and psycopg
-prepares it once. One execution (and one firing of the outbox's statement trigger) for
-the batch, where an executemany is one per row.
+is, and the event row takes its columns from it. Its text does not change with the
+batch size: SQLAlchemy compiles it once and psycopg prepares it once. One execution
+(and one firing of the outbox's statement trigger) for the batch, where an
+executemany is one per row.
 """
 
 from __future__ import annotations
