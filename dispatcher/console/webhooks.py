@@ -35,7 +35,10 @@ async def redeliver(request: Request, delivery_id: str, viewer: Signed) -> Respo
     async with sessions_of(request)() as session, session.begin():
         # Another tenant's delivery is not found either: the UPDATE names the tenant.
         if not await deliveries.redeliver(
-            session, tenant=viewer.principal.tenant, delivery_id=delivery_id
+            session,
+            tenant=viewer.principal.tenant,
+            delivery_id=delivery_id,
+            by=viewer.principal.identity,
         ):
             raise WebhookDeliveryNotFound(delivery_id)
     return redirect(PATH, done="redelivered")

@@ -78,6 +78,10 @@ def webhook_deliveries_table(metadata: MetaData) -> Table:
         Column("last_error", Text),
         Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
         Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+        # Who last sent it again from the console, and when: a delivery that dies again
+        # tells the next operator that someone already tried.
+        Column("redelivered_by", Text),
+        Column("redelivered_at", DateTime(timezone=True)),
         CheckConstraint(f"status IN ({_STATUSES})", name="ck_webhook_deliveries_status"),
         UniqueConstraint("seq", name="uq_webhook_deliveries_seq"),
         Index(

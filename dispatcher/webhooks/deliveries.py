@@ -279,9 +279,10 @@ async def back_off_subscription(
     )
 
 
-async def redeliver(session: AsyncSession, *, tenant: str, delivery_id: str) -> bool:
-    """An operator sends a dead delivery again (``dead -> pending``, its attempts from
-    zero, due now). False when it is not a dead delivery of ``tenant``."""
+async def redeliver(session: AsyncSession, *, tenant: str, delivery_id: str, by: str) -> bool:
+    """Operator ``by`` sends a dead delivery again (``dead -> pending``, its attempts
+    from zero, due now; who and when kept on it). False when it is not a dead delivery
+    of ``tenant``."""
     moved = await session.execute(
         update(webhook_deliveries)
         .where(
@@ -296,6 +297,8 @@ async def redeliver(session: AsyncSession, *, tenant: str, delivery_id: str) -> 
             leased_by=None,
             next_attempt_at=func.now(),
             updated_at=func.now(),
+            redelivered_by=by,
+            redelivered_at=func.now(),
         )
         .returning(webhook_deliveries.c.delivery_id)
     )

@@ -29,6 +29,9 @@ class DeadDelivery:
     last_error: str | None
     created_at: datetime
     dead_at: datetime
+    redelivered_by: str | None
+    """Who last sent it again from the console (None: never), and when."""
+    redelivered_at: datetime | None
 
 
 def dead_deliveries_query(tenant: str, *, after: int, limit: int) -> Select[Any]:
@@ -43,6 +46,8 @@ def dead_deliveries_query(tenant: str, *, after: int, limit: int) -> Select[Any]
             d.last_error,
             d.created_at,
             d.updated_at,
+            d.redelivered_by,
+            d.redelivered_at,
         )
         .where(DEAD_DELIVERIES, d.tenant == tenant, d.seq > after)
         .order_by(d.seq)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
 
 import httpx
 import pytest
@@ -67,6 +68,37 @@ async def test_a_dead_delivery_is_listed_for_its_tenant_and_sent_again_by_an_ope
     operator: httpx.AsyncClient,
     globex: httpx.AsyncClient,
 ) -> None:
+    async with _one_dead_delivery(database_url, sessions) as receiver:
+        page = await operator.get("/console/webhooks")
+        assert page.status_code == 200
+        [row] = ROW.findall(page.text)
+        [delivery_id] = set(receiver.seen)
+        assert row == delivery_id
+        assert "HTTP 500" in page.text and "breaker.opened" in page.text
+        # Another tenant sees none of it, and cannot send it again.
+        theirs = await globex.get("/console/webhooks")
+        assert ROW.findall(theirs.text) == [] and 'data-testid="empty"' in theirs.text
+        refused = await globex.post(
+            f"/console/webhooks/{delivery_id}/redeliver", data={"csrf": _csrf(theirs.text)}
+        )
+        assert refused.status_code == 404
+        assert 'data-code="webhook_delivery_not_found"' in refused.text
+
+        receiver.answer = 0
+        sent = await operator.post(
+            f"/console/webhooks/{delivery_id}/redeliver", data={"csrf": _csrf(page.text)}
+        )
+        assert sent.status_code == 303
+        await eventually(lambda: _equal(_statuses(sessions), []), what="the redelivery")
+    # The same webhook-id on every attempt, the redelivery's included.
+    assert [r.webhook_id for r in receiver.accepted] == [delivery_id]
+    assert receiver.seen == [delivery_id] * 3
+
+
+@asynccontextmanager
+async def _one_dead_delivery(database_url: str, sessions: Sessions) -> AsyncIterator[Receiver]:
+    """A receiver that fails, the sender running, and one delivery to it dead after its
+    two attempts (acme's subscription)."""
     async with Receiver(new_secret()) as receiver:
         receiver.answer = 500
         subs = [{"id": "ops", "tenant": "acme", "url": receiver.url, "events": ["breaker.opened"]}]
@@ -75,31 +107,42 @@ async def test_a_dead_delivery_is_listed_for_its_tenant_and_sent_again_by_an_ope
             await notify(session, event_type="breaker.opened", tenant=None, data={"c": "refund"})
         async with sending(settings):
             await eventually(lambda: _equal(_statuses(sessions), ["dead"]), what="a dead delivery")
-            page = await operator.get("/console/webhooks")
-            assert page.status_code == 200
-            [row] = ROW.findall(page.text)
-            [delivery_id] = set(receiver.seen)
-            assert row == delivery_id
-            assert "HTTP 500" in page.text and "breaker.opened" in page.text
-            # Another tenant sees none of it, and cannot send it again.
-            theirs = await globex.get("/console/webhooks")
-            assert ROW.findall(theirs.text) == [] and 'data-testid="empty"' in theirs.text
-            refused = await globex.post(
-                f"/console/webhooks/{delivery_id}/redeliver", data={"csrf": _csrf(theirs.text)}
-            )
-            assert refused.status_code == 404
-            assert 'data-code="webhook_delivery_not_found"' in refused.text
-
-            receiver.answer = 0
-            sent = await operator.post(
-                f"/console/webhooks/{delivery_id}/redeliver", data={"csrf": _csrf(page.text)}
-            )
-            assert sent.status_code == 303
-            await eventually(lambda: _equal(_statuses(sessions), []), what="the redelivery")
-    # The same webhook-id on every attempt, the redelivery's included.
-    assert [r.webhook_id for r in receiver.accepted] == [delivery_id]
-    assert receiver.seen == [delivery_id] * 3
+            yield receiver
 
 
 async def _equal(got: Awaitable[list[str]], expected: list[str]) -> bool:
     return await got == expected
+
+
+async def test_a_delivery_sent_again_that_dies_again_names_who_sent_it(
+    database_url: str, sessions: Sessions, operator: httpx.AsyncClient
+) -> None:
+    async with _one_dead_delivery(database_url, sessions) as receiver:
+        page = await operator.get("/console/webhooks")
+        [delivery_id] = ROW.findall(page.text)
+        assert _sent_again(page.text) == ["—"]
+        sent = await operator.post(
+            f"/console/webhooks/{delivery_id}/redeliver", data={"csrf": _csrf(page.text)}
+        )
+        assert sent.status_code == 303
+        # The receiver still fails: the delivery dies again, after two more attempts.
+        await eventually(lambda: _seen(receiver, 4), what="two attempts more")
+        await eventually(lambda: _equal(_statuses(sessions), ["dead"]), what="dead again")
+        again = await operator.get("/console/webhooks")
+    [shown] = _sent_again(again.text)
+    assert shown.startswith("by oncall, "), shown
+    async with sessions() as session:
+        row = (await session.execute(select(webhook_deliveries))).one()
+    assert (row.redelivered_by, row.status, row.attempts) == ("oncall", "dead", 2)
+    assert row.redelivered_at is not None
+
+
+def _sent_again(html: str) -> list[str]:
+    return [
+        re.sub(r"<[^>]+>|\s+", " ", cell).strip()
+        for cell in re.findall(r'<td data-testid="redelivered">(.*?)</td>', html, re.S)
+    ]
+
+
+async def _seen(receiver: Receiver, attempts: int) -> bool:
+    return len(receiver.seen) >= attempts
