@@ -68,7 +68,7 @@ async def test_rows_the_broker_did_not_acknowledge_are_published_again(
                 return False
             return await unpublished(database_url) == 0
 
-        await eventually(drained, within=30, every=0.1)
+        await eventually(drained, within=90, every=0.1)
     async with TopicReader(own_broker.bootstrap, topic) as reader:
         messages = await reader.distinct(10, within=20)
     assert {m.seq for m in messages} == set(range(1, 11))
