@@ -83,7 +83,10 @@ def stack(make_stack: MakeStack, proxy: TcpProxy) -> ProcessStack:
     keys = [{"sha256": hash_api_key(KEY), "tenant": "acme", "scopes": ["submit", "read"]}]
     return make_stack(
         sandbox_url=f"http://127.0.0.1:{proxy.port}",
-        capability={"attempts": 3, "breaker": BREAKER, "by_key": True},
+        # The outage refuses connections, so no attempt against it waits for this; a
+        # provider slow to answer on a loaded machine after it is back would otherwise
+        # time out and count as a failed attempt the outage did not cause.
+        capability={"attempts": 3, "breaker": BREAKER, "by_key": True, "timeout": 15.0},
         http_port=free_port(),
         api_keys=json.dumps(keys),
         worker_concurrency=1,

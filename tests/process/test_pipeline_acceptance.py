@@ -101,20 +101,24 @@ async def test_thousand_calls_with_lost_responses_503s_and_worker_kills(
     ) as client:
 
         async def submit(i: int) -> int:
+            body = {
+                "runId": f"run-{i % 50}",
+                "capabilityId": "refund",
+                "idempotencyKey": key(i),
+                "input": {"orderId": f"order-{i}"},
+            }
             async with limit:
-                response = await client.post(
-                    "/v1/tool-calls",
-                    json={
-                        "runId": f"run-{i % 50}",
-                        "capabilityId": "refund",
-                        "idempotencyKey": key(i),
-                        "input": {"orderId": f"order-{i}"},
-                    },
-                )
-                return response.status_code
+                try:
+                    return (await client.post("/v1/tool-calls", json=body)).status_code
+                except httpx.TransportError:
+                    # What a producer does with a lost answer (a keep-alive connection
+                    # the server closed as it was reused, on a loaded machine): send
+                    # the same request again; the key replays it if it was recorded.
+                    return (await client.post("/v1/tool-calls", json=body)).status_code
 
         codes = await asyncio.gather(*(submit(i) for i in range(CALLS)))
-    assert Counter(codes) == {201: CALLS}
+    # 201 created, or 200: a re-sent request whose first answer was lost, replayed.
+    assert set(codes) <= {200, 201}, Counter(codes)
     assert api.poll() is None
 
     async def done_at_least(n: int) -> bool:
