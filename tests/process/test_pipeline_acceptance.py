@@ -99,6 +99,7 @@ async def test_thousand_calls_with_lost_responses_503s_and_worker_kills(
     async with httpx.AsyncClient(
         base_url=base, timeout=30, headers={"Authorization": f"Bearer {API_KEY}"}
     ) as client:
+        resent: list[int] = []
 
         async def submit(i: int) -> int:
             body = {
@@ -114,11 +115,14 @@ async def test_thousand_calls_with_lost_responses_503s_and_worker_kills(
                     # What a producer does with a lost answer (a keep-alive connection
                     # the server closed as it was reused, on a loaded machine): send
                     # the same request again; the key replays it if it was recorded.
+                    resent.append(i)
                     return (await client.post("/v1/tool-calls", json=body)).status_code
 
         codes = await asyncio.gather(*(submit(i) for i in range(CALLS)))
-    # 201 created, or 200: a re-sent request whose first answer was lost, replayed.
+    # 201 created; 200 only for a request sent again after its answer was lost.
     assert set(codes) <= {200, 201}, Counter(codes)
+    replayed = {i for i, code in enumerate(codes) if code == 200}
+    assert replayed <= set(resent), sorted(replayed - set(resent))
     assert api.poll() is None
 
     async def done_at_least(n: int) -> bool:
