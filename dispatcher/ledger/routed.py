@@ -250,10 +250,10 @@ def _recorded(moved: CTE, candidates: Sequence[Mapping[str, Any]], topics: Topic
     to completion whether or not the main SELECT reads it. Each message is built from
     its event in the statement (:func:`dispatcher.ledger.events.envelope_sql`); an event
     of a log-only type (:data:`dispatcher.ledger.events.LOG_ONLY`) gets none."""
-    rows = [{**e, "occurred_at": e["occurred_at"].isoformat()} for e in candidates]
     events = [
-        {**r, "occurred": r["occurred_at"], "to_status": r["payload"]["to"], "ord": i}
-        for i, r in enumerate(rows)
+        {**c, "occurred_at": iso, "occurred": iso, "to_status": c["payload"]["to"], "ord": i}
+        for i, c in enumerate(candidates)
+        for iso in (c["occurred_at"].isoformat(),)
     ]
     e = _recordset("events", events, ("to_status", "occurred"))
     # The events of the statuses the calls were moved to; read twice (the events, then
