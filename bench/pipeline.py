@@ -98,7 +98,7 @@ async def one_round(url: str, writer: str, args: argparse.Namespace, home: Path)
     broker = Tansu(log_file=home / f"tansu-{writer}.log")
     bootstrap = await asyncio.to_thread(broker.start)
     topic = DEFAULT_TOPICS.dispatch
-    relay = relay_process(url, bootstrap, 1000, 0)
+    relay = relay_process(url, bootstrap, 1000, 0, args.read_interval)
     consumer = AIOKafkaConsumer(
         topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
         fetch_max_wait_ms=10,
@@ -223,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--read-interval", type=float, default=None,
+        help="the relay's --read-interval (default: the relay's own)",
+    )  # fmt: skip
     parser.add_argument(
         "--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres",
         help="a server where this user may CREATE DATABASE; scratch databases are dropped",

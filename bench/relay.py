@@ -158,12 +158,15 @@ async def minimal_relay(url: str, bootstrap: str, batch: int) -> None:
         await producer.stop()
 
 
-def relay_process(url: str, bootstrap: str, batch: int, idx: int) -> subprocess.Popen[bytes]:
+def relay_process(
+    url: str, bootstrap: str, batch: int, idx: int, read_interval: float | None = None
+) -> subprocess.Popen[bytes]:
+    """A relay process; ``read_interval`` unset keeps the relay's default."""
+    paced = [] if read_interval is None else ["--read-interval", str(read_interval)]
     return subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "outbox_relay",
+            *(sys.executable, "-m", "outbox_relay"),
+            *paced,
             "--database-url",
             url,
             "--bootstrap",

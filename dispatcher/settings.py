@@ -99,6 +99,7 @@ class RelaySettings(BaseModel):
     relay_id: str | None = None
     batch_size: int | None = None
     poll_interval: float | None = None
+    read_interval: float | None = None
     lease_ttl: float | None = None
     # Seconds, or an ISO 8601 duration (``PT24H``).
     retention: Annotated[timedelta | None, BeforeValidator(_seconds)] = None

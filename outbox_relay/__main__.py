@@ -60,6 +60,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--relay-id", help="lease owner name (default: relay:<host>:<pid>:<random>)")
     p.add_argument("--batch-size", type=int, default=1000)
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds")
+    p.add_argument(
+        "--read-interval",
+        type=float,
+        default=0.01,
+        help="seconds at least between two reads of a stream of commits (one batch)",
+    )
     p.add_argument("--lease-ttl", type=float, default=15.0, help="seconds")
     p.add_argument("--retention-hours", type=float, default=24.0)
     p.add_argument("--retention-interval", type=float, default=60.0, help="seconds")
@@ -97,6 +103,7 @@ def config_from(args: argparse.Namespace) -> RelayConfig:
         topic_map=dict(args.topic_map),
         batch_size=args.batch_size,
         poll_interval=args.poll_interval,
+        read_interval=args.read_interval,
         lease_ttl=args.lease_ttl,
         retention=timedelta(hours=args.retention_hours),
         retention_interval=args.retention_interval,

@@ -45,6 +45,13 @@ class RelayConfig:
     batch_size: int = 1000
     poll_interval: float = 1.0
     """Seconds between reads when no notification arrives (a lost NOTIFY costs this)."""
+    read_interval: float = 0.01
+    """Seconds at least from one read's start to the next's. A relay whose last read
+    found rows reads again this long after it, without a notification: under a steady
+    stream of commits, the rows committed meanwhile go in one batch (one read, one
+    produce request a partition and one mark) rather than one batch a commit. A row of
+    the stream waits up to this long; the first row after an idle spell is read the
+    moment it is notified. 0 reads again as soon as a batch is done."""
     lease_ttl: float = 15.0
     """A lane whose owner has not renewed it for this long may be taken over."""
     retention: timedelta = timedelta(hours=24)
@@ -89,6 +96,8 @@ class RelayConfig:
                 raise ValueError(f"{name} must be positive, got {value}")
         if self.metadata_max_age_ms <= 0:
             raise ValueError("metadata_max_age_ms must be positive")
+        if self.read_interval < 0:
+            raise ValueError("read_interval must not be negative")
         if self.linger_ms < 0:
             raise ValueError("linger_ms must not be negative")
         if self.retention < timedelta(0):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from psycopg import AsyncConnection, sql
 
-from outbox_relay.table import lanes_table_name, notify_channel, relays_table_name
+from outbox_relay.table import lanes_table_name, relays_table_name
 
 # Each statement by name; ``{t}``, ``{lanes}`` and ``{relays}`` stand for the outbox's
 # table and its lane and relay tables.
@@ -188,7 +188,6 @@ class Queries:
     list_dead: sql.Composed
     retry_dead: sql.Composed
     discard_dead: sql.Composed
-    listen: sql.Composed
 
     @classmethod
     def for_table(cls, table: str) -> Queries:
@@ -200,7 +199,6 @@ class Queries:
         }
         return cls(
             **{name: sql.SQL(text).format(**fields) for name, text in _STATEMENTS.items()},
-            listen=sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(table))),
         )
 
 

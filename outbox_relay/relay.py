@@ -18,8 +18,10 @@ Mechanism
 * **Handover.** Lanes change hands only between batches (rebalancing) or after a lease
   lapsed (a dead relay). The new owner re-reads every unmarked row, so it re-sends the
   dead relay's in-flight batch (duplicates) in the same order, then continues.
-* **Wake-up.** A statement trigger NOTIFYs on insert; the relay LISTENs and also polls
-  every ``poll_interval``.
+* **Wake-up.** A statement trigger NOTIFYs on insert; an idle relay LISTENs and also
+  polls every ``poll_interval``. A relay whose last read found rows reads again
+  ``read_interval`` after it, without listening (:mod:`outbox_relay.wakeup`): a stream
+  of small commits is published in batches, not one notification and batch each.
 
 Order guarantee (per key, counting each message's first delivery)
 -----------------------------------------------------------------
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -62,11 +65,13 @@ from outbox_relay.backoff import Backoff
 from outbox_relay.config import RelayConfig
 from outbox_relay.kafka import OutboxRow, TopicGate, build_producer, is_permanent, kafka_headers
 from outbox_relay.leases import LaneLeases
+from outbox_relay.marks import record
 from outbox_relay.queries import Queries, relay_session
 from outbox_relay.retention import purge_batches
 from outbox_relay.schedule import heartbeat_waits, purge_due
-from outbox_relay.settle import NOT_SENT, Outcome, Settlement, settle
+from outbox_relay.settle import NOT_SENT, Outcome, settle
 from outbox_relay.spans import end_publish_spans, publish_span
+from outbox_relay.table import notify_channel
 from outbox_relay.wakeup import listen, wait_first
 
 log = logging.getLogger(__name__)
@@ -123,6 +128,9 @@ class Relay:
         self._gate = TopicGate(self._producer, config)
         self._lease_lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        # Set while the relay is idle: only then does it LISTEN (outbox_relay.wakeup).
+        self._listen = asyncio.Event()
+        self._listen.set()
         self._blocked_seen: dict[int, int] = {}
         self._labels = {"table": config.table}
 
@@ -181,7 +189,7 @@ class Relay:
                 self._gate.forget()
                 raise
             result = settle(rows, outcomes)
-            await self._record(conn, result)
+            await record(conn, self.queries, result)
         metrics.count_settlement(result, self._labels)
         if result.transient:
             self._gate.forget()
@@ -197,7 +205,13 @@ class Relay:
         helpers = [
             asyncio.create_task(self._heartbeats(stop), name="outbox-relay-heartbeat"),
             asyncio.create_task(
-                listen(self.config.conninfo, self.queries.listen, self._wake, stop),
+                listen(
+                    self.config.conninfo,
+                    notify_channel(self.config.table),
+                    self._wake,
+                    self._listen,
+                    stop,
+                ),
                 name="outbox-relay-listen",
             ),
             asyncio.create_task(self._housekeeping(stop), name="outbox-relay-housekeeping"),
@@ -211,7 +225,14 @@ class Relay:
 
     async def _loop(self, stop: asyncio.Event) -> None:
         backoff = Backoff(self.config.backoff_initial, self.config.backoff_max)
+        loop = asyncio.get_running_loop()
+        last_read = -math.inf
         while not stop.is_set():
+            # Paced: the commits of the rest of the interval join this read's batch.
+            pause = last_read + self.config.read_interval - loop.time()
+            if pause > 0 and await sleep_unless(stop, pause):
+                return
+            last_read = loop.time()
             # Cleared before the read: a row committed during the batch sets it again.
             self._wake.clear()
             try:
@@ -238,6 +259,14 @@ class Relay:
             backoff.reset()
             if result.read >= self.config.batch_size:
                 continue
+            if result.read:
+                # A stream of commits: the next read, one interval on, finds the rows
+                # committed meanwhile, with no notification for each.
+                self._listen.clear()
+                continue
+            # Idle: listen again. The listener wakes the relay once it does, and the read
+            # that follows finds what committed before LISTEN took effect.
+            self._listen.set()
             await wait_first(stop.wait(), self._wake.wait(), seconds=self.config.poll_interval)
 
     async def _publish(self, rows: list[OutboxRow]) -> list[Outcome]:
@@ -281,31 +310,6 @@ class Relay:
         if spans:
             end_publish_spans(spans, outcomes)
         return outcomes
-
-    async def _record(self, conn: Connection, result: Settlement) -> None:
-        if not result.dead and not result.failed:
-            # The usual batch: one statement, no BEGIN and COMMIT round trips around it.
-            if result.published:
-                await conn.execute(
-                    self.queries.mark_published, {"ids": [r.id for r in result.published]}
-                )
-            return
-        async with conn.transaction():
-            if result.published:
-                await conn.execute(
-                    self.queries.mark_published, {"ids": [r.id for r in result.published]}
-                )
-            async with conn.cursor() as cur:
-                if result.dead:
-                    await cur.executemany(
-                        self.queries.dead_letter,
-                        [{"id": r.id, "error": e} for r, e in result.dead],
-                    )
-                if result.failed:
-                    await cur.executemany(
-                        self.queries.record_failure,
-                        [{"id": r.id, "error": e} for r, e in result.failed],
-                    )
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         every, retry = heartbeat_waits(self.config.lease_ttl)

@@ -13,12 +13,14 @@ from devtools.databases import unique_name
 from outbox_relay import run_once
 from outbox_relay.relay import Relay
 from tests.fixtures.relay import (
+    INSERT,
     RunningRelay,
     TopicReader,
     first_deliveries,
     insert,
     message,
     relay_config,
+    row_params,
     scalar,
     unpublished,
 )
@@ -145,6 +147,34 @@ async def test_notification_wakes_an_idle_relay(database_url: str, kafka_bootstr
             await insert(database_url, [message(topic, "k", seq)])
             await reader.distinct(seq + 1, within=10)
     assert [m.seq for m in first_deliveries(reader.messages)] == [0, 1, 2]
+
+
+async def test_a_relay_back_from_a_stream_is_woken_again(
+    database_url: str, kafka_bootstrap: str
+) -> None:
+    """A stream of commits long enough that the relay stops listening, then one more
+    row: the poll interval is far longer than the test waits, so only the relay
+    listening again can explain that row arriving."""
+    topic = unique_name("relay-stream")
+    config = relay_config(database_url, kafka_bootstrap, poll_interval=600.0)
+    said_unlisten = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND query LIKE 'UNLISTEN %'"
+    )
+    quiet = 0
+    async with RunningRelay(config), TopicReader(kafka_bootstrap, topic) as reader:
+        await asyncio.sleep(1.0)  # lanes taken, idle
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            for seq in range(200):  # one commit every 10 ms or so
+                await conn.execute(INSERT, row_params([message(topic, "k", seq)])[0])
+                quiet += await scalar(database_url, said_unlisten) if seq % 20 == 19 else 0
+                await asyncio.sleep(0.01)
+        await reader.distinct(200, within=30)
+        assert quiet  # the stream was read without notifications
+        await asyncio.sleep(1.0)  # idle again
+        await insert(database_url, [message(topic, "k", 200)])
+        messages = await reader.distinct(201, within=10)
+    assert [m.seq for m in first_deliveries(messages)] == list(range(201))
 
 
 async def test_reconnects_after_database_connections_are_killed(

@@ -6,6 +6,7 @@ backs off."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -215,28 +216,57 @@ async def test_a_full_batch_is_followed_by_the_next_read_at_once() -> None:
     assert relay.batches == 3
 
 
-async def test_a_short_batch_waits_for_a_notification() -> None:
+async def test_an_empty_read_listens_and_waits_for_a_notification() -> None:
     stop = asyncio.Event()
 
     def last(_: Relay) -> BatchResult:
         stop.set()
         return BatchResult()
 
-    relay = StepRelay([lambda _: BatchResult(read=3, published=3), last], poll_interval=600)
+    relay = StepRelay([lambda _: BatchResult(), last], poll_interval=600)
+    relay._listen.clear()  # as after a stream
     loop = asyncio.create_task(_run_loop(relay, stop))
     await asyncio.sleep(0.05)
     assert relay.batches == 1  # idle, waiting
+    assert relay._listen.is_set()  # and listening again
     relay._wake.set()  # what the LISTEN task does on a notification
     await loop
     assert relay.batches == 2
+
+
+async def test_a_short_batch_is_read_again_one_interval_on_without_listening() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    started: list[float] = []
+    listening: list[bool] = []
+
+    def step(read: int) -> Callable[[Relay], BatchResult]:
+        def run(relay: Relay) -> BatchResult:
+            started.append(loop.time())
+            listening.append(relay._listen.is_set())
+            if not read:
+                stop.set()
+            return BatchResult(read=read, published=read)
+
+        return run
+
+    # No notification ever comes, and the poll interval is far beyond the test's bound.
+    relay = StepRelay([step(3), step(2), step(0)], poll_interval=600, read_interval=0.05)
+    await _run_loop(relay, stop)
+    assert relay.batches == 3
+    # A stream is read without notifications: the listener is told to stop at once.
+    assert listening == [True, False, False]
+    assert relay._listen.is_set()  # the empty read: idle, listening again
+    # The commits of an interval go in one read (the clock's resolution aside).
+    assert min(b - a for a, b in itertools.pairwise(started)) >= 0.049
 
 
 async def test_a_notification_during_a_batch_is_not_lost() -> None:
     stop = asyncio.Event()
 
     def notified(relay: Relay) -> BatchResult:
-        relay._wake.set()  # a row committed while the batch was in flight
-        return BatchResult(read=3, published=3)
+        relay._wake.set()  # a row committed while the read was in flight
+        return BatchResult()
 
     def last(_: Relay) -> BatchResult:
         stop.set()

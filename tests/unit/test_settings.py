@@ -158,6 +158,7 @@ RELAY_ENVIRONMENT = {
     "relay_id": ("relay-7", "relay-7"),
     "batch_size": ("17", 17),
     "poll_interval": ("0.25", 0.25),
+    "read_interval": ("0.02", 0.02),
     "lease_ttl": ("4.5", 4.5),
     "retention": ("3600", timedelta(hours=1)),
     "retention_interval": ("7", 7.0),
