@@ -124,6 +124,7 @@ def test_sqlalchemy_urls_are_accepted() -> None:
         {"kafka_bootstrap": " "},
         {"batch_size": 0},
         {"lease_ttl": -1.0},
+        {"read_interval": -0.01},
         {"retention": timedelta(hours=-1)},
         {"relay_id": ""},
     ],
@@ -131,6 +132,10 @@ def test_sqlalchemy_urls_are_accepted() -> None:
 def test_invalid_settings_are_refused(overrides: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         _config(**overrides)
+
+
+def test_reads_of_a_stream_may_follow_each_other_at_once() -> None:
+    assert _config(read_interval=0.0).read_interval == 0.0
 
 
 def test_observe_many_matches_observe() -> None:
