@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 
 from dispatcher.schemas import SubmitRequest
+
+log = logging.getLogger(__name__)
 
 SUBMIT = "tool.call.submit"
 _KEPT_REPLIES = 10_000
@@ -142,16 +145,22 @@ class BusSubmitter:
         self._reader = asyncio.create_task(self._read())
 
     async def stop(self) -> None:
-        """Close both clients (the producer even when the consumer's close fails)."""
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+        """Close both clients, whatever became of the reader of replies (the producer
+        even when the consumer's close fails)."""
         try:
-            if self._consumer is not None:
-                await self._consumer.stop()
+            if self._reader is not None:
+                self._reader.cancel()
+                # Waited for, not awaited: a reader that had failed must not keep the
+                # clients below from closing.
+                await asyncio.wait([self._reader])
+                if not self._reader.cancelled() and self._reader.exception() is not None:
+                    log.warning("the reader of replies had stopped: %r", self._reader.exception())
         finally:
-            await self._producer.stop()
+            try:
+                if self._consumer is not None:
+                    await self._consumer.stop()
+            finally:
+                await self._producer.stop()
 
     async def submit(
         self,
@@ -202,12 +211,25 @@ class BusSubmitter:
     async def _read(self) -> None:
         assert self._consumer is not None  # noqa: S101 - started with one
         async for record in self._consumer:
-            if record.value is None:
+            answer = _reply_of(record.value)
+            if answer is None:
                 continue
-            answer = BusReply.of(orjson.loads(record.value))
             self._seen[answer.request_id] = answer
             while len(self._seen) > _KEPT_REPLIES:
                 self._seen.popitem(last=False)
             waiting = self._waiting.get(answer.request_id)
             if waiting is not None and not waiting.done():
                 waiting.set_result(answer)
+
+
+def _reply_of(value: bytes | None) -> BusReply | None:
+    """The reply a record holds; None for an empty record or one that holds no reply,
+    which is logged and skipped: one bad record on the replies topic must not stop the
+    replies after it from reaching their submitters."""
+    if value is None:
+        return None
+    try:
+        return BusReply.of(orjson.loads(value))
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        log.warning("skipped a record on the replies topic that holds no reply: %r", exc)
+        return None

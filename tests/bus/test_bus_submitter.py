@@ -3,15 +3,20 @@ writes is answered on the replies topic, a resent event with the same call."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import uuid
 import warnings
 
+import orjson
 import pytest
-from aiokafka.errors import KafkaConnectionError
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from devtools.embedded import free_port
 from dispatcher.capabilities import CapabilityRegistry
-from dispatcher.client.bus import BusSubmitter
+from dispatcher.client.bus import BusSubmitter, replies_topic
 from dispatcher.schemas import SubmitRequest
 from tests.fixtures.bus import BusWorld, bus_intake, rows, topic_exists
 from tests.fixtures.relay import RunningRelay, relay_config
@@ -84,4 +89,55 @@ async def test_a_submitter_that_cannot_start_closes_what_it_opened(kafka_bootstr
             await submitter.start()
     del submitter, starts
 
+    assert unclosed_clients() == []
+
+
+async def _request_topic_with_replies(bootstrap: str) -> str:
+    """A request topic of its own whose replies topic exists (no bus intake needed)."""
+    topic = f"td-{uuid.uuid4().hex[:8]}.requests.acme"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(replies_topic(topic), 1, 1)])
+    finally:
+        await admin.close()
+    return topic
+
+
+async def test_a_record_that_holds_no_reply_does_not_stop_the_replies_after_it(
+    kafka_bootstrap: str,
+) -> None:
+    topic = await _request_topic_with_replies(kafka_bootstrap)
+    reply = {"requestId": "evt-1", "outcome": "refused", "problem": {"code": "x"}}
+    async with BusSubmitter(kafka_bootstrap, topic, source="/t") as bus:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        try:
+            for junk in (b"not json", b"[1, 2]", b'{"outcome": "accepted"}'):
+                await producer.send_and_wait(replies_topic(topic), junk)
+            await producer.send_and_wait(replies_topic(topic), orjson.dumps(reply))
+        finally:
+            await producer.stop()
+        answer = await bus.reply("evt-1", within=30)
+    assert (answer.outcome, answer.problem) == ("refused", {"code": "x"})
+
+
+async def test_a_submitter_whose_reader_failed_still_closes_both_clients(
+    kafka_bootstrap: str,
+) -> None:
+    unclosed_clients()  # whatever earlier tests left is not this test's
+    topic = await _request_topic_with_replies(kafka_bootstrap)
+    bus = BusSubmitter(kafka_bootstrap, topic, source="/t")
+    await bus.start()
+
+    # The reader of replies as a broker refusing its fetches leaves it: ended by an error.
+    async def refused() -> None:
+        raise KafkaError("fetch refused")
+
+    assert bus._reader is not None
+    bus._reader.cancel()
+    bus._reader = asyncio.create_task(refused())
+    await asyncio.wait([bus._reader])
+    await bus.stop()
+    del bus
     assert unclosed_clients() == []
