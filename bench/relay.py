@@ -165,7 +165,9 @@ def relay_process(
     paced = [] if read_interval is None else ["--read-interval", str(read_interval)]
     return subprocess.Popen(
         [
-            *(sys.executable, "-m", "outbox_relay"),
+            sys.executable,
+            "-m",
+            "outbox_relay",
             *paced,
             "--database-url",
             url,
