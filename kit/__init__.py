@@ -8,7 +8,8 @@ long-running process needs whatever it does, and nothing about outboxes or tool 
 - :mod:`kit.periodic`: a step every so often until stopped, surviving its errors;
 - :mod:`kit.owners`: the one name a process gives itself on what it leases;
 - :mod:`kit.cli`: one-line command-line errors (exit 2), for every command;
-- :mod:`kit.crashpoints`: named kill -9 points, armed by a setting, for crash tests.
+- :mod:`kit.crashpoints`: named kill -9 points, armed by a setting, for crash tests;
+- :mod:`kit.kafka`: closing a Kafka consumer all the way, even as its broker goes away.
 
 The lowest layer: it imports none of the service's packages.
 """

@@ -24,6 +24,7 @@ from devtools.chaos.checker import BusAnswer, Evidence
 from devtools.chaos.stats import BusStats
 from dispatcher.db.tables import bus_offsets, outbox
 from dispatcher.settings import BusRoute
+from kit.kafka import stop_consumer
 
 READ_WITHIN = 60.0
 """Reading the request topics whole takes a second or two; a broker that does not give
@@ -106,7 +107,7 @@ async def kept_records(bootstrap: str, topics: Collection[str]) -> Kept:
                         )
             left = {tp for tp in left if await consumer.position(tp) < ends[tp]}
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
         await admin.close()
     return tally(read)
 
@@ -154,7 +155,7 @@ async def caught_up(
         # Named: Tansu drops the connection when asked for all of a group's offsets.
         committed = await admin.list_consumer_group_offsets(group_id, partitions=list(ends))
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
         await admin.close()
     async with engine.connect() as conn:
         recorded = {

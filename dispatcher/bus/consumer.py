@@ -38,6 +38,7 @@ from dispatcher.metrics import BUS_DEAD_LETTERS, BUS_PAUSED
 from dispatcher.ops import Ops
 from dispatcher.settings import BusRoute, Settings
 from dispatcher.topics import ensure_topics_when_reachable
+from kit.kafka import stop_consumer
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ async def run_bus_intake(
             if batches:
                 await intake.handle(batches, stop)
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
         await producer.stop()
         await engine.dispose()
 

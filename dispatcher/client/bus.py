@@ -31,6 +31,7 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 
 from dispatcher.schemas import SubmitRequest
+from kit.kafka import stop_consumer
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ class BusSubmitter:
         finally:
             try:
                 if self._consumer is not None:
-                    await self._consumer.stop()
+                    await stop_consumer(self._consumer)
             finally:
                 await self._producer.stop()
 

@@ -38,6 +38,7 @@ from dispatcher.worker.executor import Executor
 from dispatcher.worker.recovery import recover_expired
 from dispatcher.worker.redrive import redrive_resumed, redrive_stale
 from kit import telemetry
+from kit.kafka import stop_consumer
 from kit.owners import owner_id
 from kit.periodic import periodic
 
@@ -108,7 +109,7 @@ async def run_worker(
         sweeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sweeper
-        await consumer.stop()
+        await stop_consumer(consumer)
         if transport is not None:
             await transport.close()
         await engine.dispose()

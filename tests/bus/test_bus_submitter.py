@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
-from devtools.embedded import free_port
+from devtools.embedded import Tansu, free_port
 from dispatcher.capabilities import CapabilityRegistry
 from dispatcher.client.bus import BusSubmitter, replies_topic
 from dispatcher.schemas import SubmitRequest
@@ -141,3 +141,32 @@ async def test_a_submitter_whose_reader_failed_still_closes_both_clients(
     await bus.stop()
     del bus
     assert unclosed_clients() == []
+
+
+def clients_tasks() -> list[asyncio.Task[object]]:
+    """The aiokafka tasks still running: what a client left behind when not closed."""
+    here = asyncio.current_task()
+    return [
+        t
+        for t in asyncio.all_tasks()
+        if t is not here and "aiokafka" in (getattr(t.get_coro(), "__qualname__", "") + repr(t))
+    ]
+
+
+async def test_a_submitter_stopped_during_an_outage_closes_and_raises_nothing(
+    own_broker: Tansu,
+) -> None:
+    """aiokafka's consumer lets a cancellation of its own fetch out of ``stop()`` when
+    the stop lands in a failed fetch's retry backoff; the submitter finishes the close
+    and its caller, which nobody cancelled, is not told it was."""
+    topic = await _request_topic_with_replies(own_broker.bootstrap)
+    # A long backoff, so that the stop lands in it (in an outage, it lands there by chance).
+    bus = BusSubmitter(own_broker.bootstrap, topic, source="/t", retry_backoff_ms=120_000)
+    await bus.start()
+    assert clients_tasks()  # the reader's fetches, the metadata sync
+    own_broker.stop(kill=True)
+    await asyncio.sleep(2)  # the fetch in flight fails, and waits out its backoff
+
+    async with asyncio.timeout(60):
+        await bus.stop()
+    assert clients_tasks() == []

@@ -5,7 +5,6 @@ recorded on its row and reported, with no transaction held open while the relay 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 from prometheus_client import REGISTRY
@@ -30,14 +29,6 @@ pytestmark = [pytest.mark.postgres, pytest.mark.kafka]
 
 def _sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, {"table": "outbox", **labels}) or 0.0
-
-
-@pytest.fixture
-def own_broker() -> Iterator[Tansu]:
-    broker = Tansu()
-    broker.start()
-    yield broker
-    broker.stop()
 
 
 async def test_rows_the_broker_did_not_acknowledge_are_published_again(

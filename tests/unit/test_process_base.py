@@ -67,3 +67,30 @@ def test_a_relay_is_named_as_every_owner_unless_told() -> None:
     assert config.relay_id.startswith(owner_prefix("relay", os.getpid()))
     named = RelayConfig(database_url="postgresql://x/y", kafka_bootstrap="k:9092", relay_id="r1")
     assert named.relay_id == "r1"
+
+
+def consumer_stops(source: str) -> int:
+    """How many ``<something consumer>.stop()`` calls ``source`` makes."""
+    return sum(
+        1
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "stop"
+        and "consumer" in ast.unparse(node.func.value).lower()
+    )
+
+
+def test_consumers_are_stopped_through_the_kit() -> None:
+    """``kit.kafka.stop_consumer`` finishes a close that aiokafka cuts short in an outage;
+    a bare ``consumer.stop()`` there ends its caller's clean-up early. Benchmarks stop
+    theirs with the broker up, and are left alone."""
+    assert consumer_stops("await self._consumer.stop()\nawait producer.stop()\n") == 1
+    found = {
+        path.relative_to(REPO).as_posix(): n
+        for package in PACKAGES
+        if package != "bench"
+        for path in sorted((REPO / package).rglob("*.py"))
+        if (n := consumer_stops(path.read_text()))
+    }
+    assert found == {"kit/kafka.py": 1}
