@@ -29,7 +29,8 @@ async def stop_consumer(consumer: Any) -> None:
 
 async def _finish(consumer: Any) -> None:
     """What ``stop()`` had left to do after the stray cancellation: the fetches still in
-    flight cancelled and waited for (each absorbs its own), then the client closed."""
+    flight cancelled and waited for (``asyncio.wait`` lets none of their cancellations
+    out), then the client closed."""
     fetcher = consumer._fetcher
     pending = [t for t in (fetcher._pending_tasks if fetcher else ()) if not t.done()]
     for fetch in pending:
