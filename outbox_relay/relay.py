@@ -257,11 +257,10 @@ class Relay:
                 await sleep_unless(stop, delay)
                 continue
             backoff.reset()
-            if result.read >= self.config.batch_size:
-                continue
             if result.read:
-                # A stream of commits: the next read, one interval on, finds the rows
-                # committed meanwhile, with no notification for each.
+                # A stream of commits, or a backlog: the next read, an interval after
+                # this one began, finds the rows committed meanwhile, with no
+                # notification for each.
                 self._listen.clear()
                 continue
             # Idle: listen again. The listener wakes the relay once it does, and the read

@@ -207,18 +207,24 @@ async def _run_loop(relay: StepRelay, stop: asyncio.Event) -> None:
         await relay._producer.stop()
 
 
-async def test_a_full_batch_is_followed_by_the_next_read_at_once() -> None:
+async def test_a_full_batch_is_followed_by_the_next_read_at_once_without_listening() -> None:
     stop = asyncio.Event()
+    listening: list[bool] = []
 
-    def last(_: Relay) -> BatchResult:
-        stop.set()
+    def full(relay: Relay) -> BatchResult:
+        listening.append(relay._listen.is_set())
         return BatchResult(read=10, published=10)
 
-    relay = StepRelay(
-        [lambda _: BatchResult(read=10, published=10)] * 2 + [last], poll_interval=600
-    )
+    def last(relay: Relay) -> BatchResult:
+        stop.set()
+        return full(relay)
+
+    relay = StepRelay([full, full, last], poll_interval=600)
     await _run_loop(relay, stop)
     assert relay.batches == 3
+    # A backlog is read as a stream is: no notification for each of its commits.
+    assert listening == [True, False, False]
+    assert not relay._listen.is_set()
 
 
 async def test_an_empty_read_listens_and_waits_for_a_notification() -> None:
