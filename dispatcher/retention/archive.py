@@ -15,8 +15,8 @@ Every method is blocking I/O: the pass calls them in a thread.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import io
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,7 +26,7 @@ from urllib.parse import quote
 
 import fsspec
 import pyarrow as pa
-import pyarrow.dataset as ds
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 
@@ -62,9 +62,21 @@ class Encoded:
 
 
 def encode(path: str, name: str, tenant: str, day: date, table: pa.Table) -> Encoded:
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer, compression="zstd")
-    return Encoded(path, name, tenant, day, table.num_rows, buffer.getvalue())
+    # Written to Arrow's memory, not a Python file object (see `owned`).
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    return Encoded(path, name, tenant, day, table.num_rows, sink.getvalue().to_pybytes())
+
+
+def owned(data: bytes) -> pa.Buffer:
+    """``data`` copied into memory Arrow owns, for a reader to parse. A buffer over
+    Python bytes needs the GIL to be freed, and a reader's last reference to it may be
+    dropped on one of Arrow's threads while the interpreter exits: that thread is ended
+    inside a C++ destructor and the process aborts ("terminate called without an active
+    exception", exit 134, after its work is done; seen in CI on ``archive show``)."""
+    sink = pa.BufferOutputStream()
+    sink.write(data)
+    return sink.getvalue()
 
 
 def file_path(tenant: str, day: date, table: str, batch_id: str) -> str:
@@ -128,7 +140,7 @@ class Archive:
         if hashlib.sha256(data).hexdigest() != entry["sha256"]:
             return False
         try:
-            rows = pq.read_metadata(io.BytesIO(data)).num_rows
+            rows = pq.read_metadata(pa.BufferReader(owned(data))).num_rows
         except pa.ArrowInvalid:
             return False
         return bool(rows == entry["rows"])
@@ -154,15 +166,17 @@ class Archive:
         except Exception as exc:
             raise ArchiveUnavailable(f"listing {pattern}: {type(exc).__name__}: {exc}") from exc
 
-    def read(self, paths: list[str], *, where: ds.Expression | None = None) -> pa.Table:
-        """The rows of ``paths`` (as :meth:`tenant_files` lists them) that ``where``
-        keeps, as one table."""
-        # The bytes are fetched here, in Python, and parsed from memory: a dataset on the
-        # fsspec filesystem would have pyarrow's I/O threads call back into s3fs, and one
-        # still doing so as the interpreter exits aborts the process (seen in CI).
-        tables = [pq.read_table(pa.BufferReader(self.fs.cat_file(p))) for p in paths]
+    def read(self, paths: list[str], *, equal: Mapping[str, str] | None = None) -> pa.Table:
+        """The rows of ``paths`` (as :meth:`tenant_files` lists them) whose columns hold
+        the values ``equal`` names, as one table."""
+        # Each file's bytes fetched here and parsed from memory Arrow owns by ParquetFile,
+        # the rows kept by a compute kernel: no dataset scanner, no Acero plan.
+        tables = [pq.ParquetFile(pa.BufferReader(owned(self.fs.cat_file(p)))).read() for p in paths]
         if not tables:
-            return ds.dataset([], format="parquet").to_table(filter=where)
+            return pa.table({})
         # Files of older releases may lack a newer column: unified, as a dataset would.
         table = pa.concat_tables(tables, promote_options="default")
-        return table if where is None else table.filter(where)
+        if not equal:
+            return table
+        keep = functools.reduce(pc.and_, (pc.equal(table[c], v) for c, v in equal.items()))
+        return table.filter(keep)

@@ -4,8 +4,6 @@ ones archived with their day) go through :func:`dispatcher.views.run_view.fold_r
 
 from __future__ import annotations
 
-import pyarrow.dataset as ds
-
 from dispatcher.errors import RunNotFound
 from dispatcher.retention.archive import Archive
 from dispatcher.retention.rows import events_of
@@ -19,9 +17,7 @@ def archived_run(archive: Archive, tenant: str, run_id: str) -> RunView:
     paths = archive.tenant_files(tenant, "events")
     if not paths:
         raise RunNotFound(run_id)
-    table = archive.read(
-        paths, where=(ds.field("run_id") == run_id) & (ds.field("tenant") == tenant)
-    )
+    table = archive.read(paths, equal={"run_id": run_id, "tenant": tenant})
     if table.num_rows == 0:
         raise RunNotFound(run_id)
     return fold_run(run_id, events_of(table))

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow.dataset as ds
+import pyarrow as pa
+import pyarrow.parquet as pq
 from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -23,7 +24,7 @@ from dispatcher.db.tables import escalations, tool_calls
 from dispatcher.intake.service import submit
 from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.transport import Transport
-from dispatcher.retention.archive import Archive
+from dispatcher.retention.archive import Archive, owned
 from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import Topics
 from dispatcher.views.run_view import load_run_view
@@ -151,12 +152,14 @@ async def run_view_json(sessions: Sessions, tenant: str, run_id: str) -> str:
 
 
 def archived(archive: Archive, table: str) -> list[dict[str, Any]]:
-    """Every row of ``table`` in the archive, read by pyarrow through its filesystem."""
+    """Every row of ``table`` in the archive, read by pyarrow through its filesystem,
+    file by file from memory Arrow owns (see :func:`owned`)."""
     archive.fs.invalidate_cache()  # s3fs lists from its cache: another process wrote
     paths = archive.fs.glob(f"{archive.root}/**/{table}-*.parquet")
     if not paths:
         return []
-    rows: list[dict[str, Any]] = ds.dataset(paths, filesystem=archive.fs).to_table().to_pylist()
+    tables = [pq.ParquetFile(pa.BufferReader(owned(archive.fs.cat_file(p)))).read() for p in paths]
+    rows: list[dict[str, Any]] = pa.concat_tables(tables, promote_options="default").to_pylist()
     return rows
 
 
