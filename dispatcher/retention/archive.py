@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 
 class ArchiveUnavailable(Exception):
-    """The archive could not be reached or written (the pass stops; exit 1)."""
+    """The archive could not be reached, read or written (the pass stops; exit 1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +171,7 @@ class Archive:
         the values ``equal`` names, as one table."""
         # Each file's bytes fetched here and parsed from memory Arrow owns by ParquetFile,
         # the rows kept by a compute kernel: no dataset scanner, no Acero plan.
-        tables = [pq.ParquetFile(pa.BufferReader(owned(self.fs.cat_file(p)))).read() for p in paths]
+        tables = [self._table(p) for p in paths]
         if not tables:
             return pa.table({})
         # Files of older releases may lack a newer column: unified, as a dataset would.
@@ -180,3 +180,9 @@ class Archive:
             return table
         keep = functools.reduce(pc.and_, (pc.equal(table[c], v) for c, v in equal.items()))
         return table.filter(keep)
+
+    def _table(self, path: str) -> pa.Table:
+        try:
+            return pq.ParquetFile(pa.BufferReader(owned(self.fs.cat_file(path)))).read()
+        except Exception as exc:  # gone since the listing, unreachable, or not Parquet
+            raise ArchiveUnavailable(f"reading {path}: {type(exc).__name__}: {exc}") from exc

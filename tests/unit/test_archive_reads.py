@@ -15,8 +15,9 @@ from datetime import date
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
-from dispatcher.retention.archive import Archive, encode, file_path, owned
+from dispatcher.retention.archive import Archive, ArchiveUnavailable, encode, file_path, owned
 from tests.fixtures.paths import REPO
 
 PACKAGES = (
@@ -119,3 +120,12 @@ def test_a_read_keeps_the_rows_whose_columns_hold_the_values(tmp_path: Path) -> 
     ]
     assert archive.read(paths).num_rows == 4
     assert archive.read([], equal={"run_id": "r1"}).num_rows == 0
+
+
+def test_a_file_that_cannot_be_read_is_the_archive_failing(tmp_path: Path) -> None:
+    archive = Archive(f"file://{tmp_path}")
+    bad = tmp_path / "events-x.parquet"
+    bad.write_bytes(b"not parquet")
+    for path in (str(bad), str(tmp_path / "gone.parquet")):
+        with pytest.raises(ArchiveUnavailable, match=f"reading {path}: "):
+            archive.read([path])
