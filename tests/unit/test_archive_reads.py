@@ -46,19 +46,20 @@ def risky(node: ast.Call) -> str | None:
     return None
 
 
+def imported(node: ast.AST) -> list[str]:
+    """The modules (and ``module.name``s) an import statement names."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        return [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+    return []
+
+
 def reader_risks(source: str) -> set[str]:
     """What in ``source`` imports a scanning module or makes a risky call, if the module
     uses pyarrow at all."""
     tree = ast.parse(source)
-    imports = {
-        module
-        for node in ast.walk(tree)
-        for module in (
-            [a.name for a in node.names] if isinstance(node, ast.Import)
-            else [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
-            if isinstance(node, ast.ImportFrom) else []
-        )
-    }  # fmt: skip
+    imports = {module for node in ast.walk(tree) for module in imported(node)}
     if not any(m.startswith("pyarrow") for m in imports):
         return set()
     calls = {risky(n) for n in ast.walk(tree) if isinstance(n, ast.Call)}
