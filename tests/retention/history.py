@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow as pa
-import pyarrow.parquet as pq
 from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -24,7 +22,7 @@ from dispatcher.db.tables import escalations, tool_calls
 from dispatcher.intake.service import submit
 from dispatcher.provider.client import ProviderClient
 from dispatcher.provider.transport import Transport
-from dispatcher.retention.archive import Archive, owned
+from dispatcher.retention.archive import Archive
 from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import Topics
 from dispatcher.views.run_view import load_run_view
@@ -152,14 +150,11 @@ async def run_view_json(sessions: Sessions, tenant: str, run_id: str) -> str:
 
 
 def archived(archive: Archive, table: str) -> list[dict[str, Any]]:
-    """Every row of ``table`` in the archive, read by pyarrow through its filesystem,
-    file by file from memory Arrow owns (see :func:`owned`)."""
+    """Every row of ``table`` in the archive, every tenant's, read as `archive show`
+    reads its files (:meth:`Archive.read`)."""
     archive.fs.invalidate_cache()  # s3fs lists from its cache: another process wrote
     paths = archive.fs.glob(f"{archive.root}/**/{table}-*.parquet")
-    if not paths:
-        return []
-    tables = [pq.ParquetFile(pa.BufferReader(owned(archive.fs.cat_file(p)))).read() for p in paths]
-    rows: list[dict[str, Any]] = pa.concat_tables(tables, promote_options="default").to_pylist()
+    rows: list[dict[str, Any]] = archive.read(paths).to_pylist()
     return rows
 
 
