@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from psycopg import AsyncConnection, sql
 
-from outbox_relay.table import lanes_table_name, relays_table_name
+from outbox_relay.table import lanes_table_name, listeners_table_name, relays_table_name
 
-# Each statement by name; ``{t}``, ``{lanes}`` and ``{relays}`` stand for the outbox's
-# table and its lane and relay tables.
+# Each statement by name; ``{t}``, ``{lanes}``, ``{relays}`` and ``{listeners}`` stand
+# for the outbox's table and its lane, relay and listener tables.
 _STATEMENTS: dict[str, str] = {
     # Rows of the lanes this relay holds an unexpired lease on, in id order.
     # The lease test sits in the same statement as the read, so a relay whose
@@ -84,6 +84,15 @@ _STATEMENTS: dict[str, str] = {
         """
     ),
     "live_relays": "SELECT count(*) FROM {relays} WHERE expires_at > now()",
+    # An idle relay listening, until the given time unless renewed; and no longer.
+    "listening": (
+        """
+        INSERT INTO {listeners} (relay_id, until)
+        VALUES (%(relay)s, now() + make_interval(secs => %(ttl)s))
+        ON CONFLICT (relay_id) DO UPDATE SET until = excluded.until
+        """
+    ),
+    "not_listening": "DELETE FROM {listeners} WHERE relay_id = %(relay)s",
     "lane_count": "SELECT count(*) FROM {lanes}",
     "take_lanes": (
         """
@@ -178,6 +187,8 @@ class Queries:
     leave: sql.Composed
     renew: sql.Composed
     live_relays: sql.Composed
+    listening: sql.Composed
+    not_listening: sql.Composed
     lane_count: sql.Composed
     take_lanes: sql.Composed
     release_lanes: sql.Composed
@@ -196,6 +207,7 @@ class Queries:
             "t": sql.Identifier(table),
             "lanes": sql.Identifier(lanes_table_name(table)),
             "relays": sql.Identifier(relays_table_name(table)),
+            "listeners": sql.Identifier(listeners_table_name(table)),
         }
         return cls(
             **{name: sql.SQL(text).format(**fields) for name, text in _STATEMENTS.items()},

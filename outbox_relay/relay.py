@@ -18,10 +18,11 @@ Mechanism
 * **Handover.** Lanes change hands only between batches (rebalancing) or after a lease
   lapsed (a dead relay). The new owner re-reads every unmarked row, so it re-sends the
   dead relay's in-flight batch (duplicates) in the same order, then continues.
-* **Wake-up.** A statement trigger NOTIFYs on insert; an idle relay LISTENs and also
-  polls every ``poll_interval``. A relay whose last read found rows reads again
-  ``read_interval`` after it, without listening (:mod:`outbox_relay.wakeup`): a stream
-  of small commits is published in batches, not one notification and batch each.
+* **Wake-up.** An idle relay LISTENs, and while one does a statement trigger NOTIFYs
+  on insert; it also polls every ``poll_interval``. A relay whose last read found rows
+  reads again ``read_interval`` after it, without listening, and writers do not notify
+  it (:mod:`outbox_relay.wakeup`): a stream of small commits is published in batches,
+  not one notification and batch each.
 
 Order guarantee (per key, counting each message's first delivery)
 -----------------------------------------------------------------
@@ -72,7 +73,7 @@ from outbox_relay.schedule import heartbeat_waits, purge_due
 from outbox_relay.settle import NOT_SENT, Outcome, settle
 from outbox_relay.spans import end_publish_spans, publish_span
 from outbox_relay.table import notify_channel
-from outbox_relay.wakeup import listen, wait_first
+from outbox_relay.wakeup import Presence, listen, wait_first
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +212,7 @@ class Relay:
                     self._wake,
                     self._listen,
                     stop,
+                    Presence(self.queries, self.config.relay_id, self.config.lease_ttl),
                 ),
                 name="outbox-relay-listen",
             ),

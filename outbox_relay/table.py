@@ -4,10 +4,11 @@ Any service can own an outbox: it adds :func:`outbox_table` to its metadata (and
 migrations) and inserts :meth:`OutboxMessage.row` values in the same transaction as its
 own state change. The relay then publishes each row at least once.
 
-Besides the outbox ``name`` itself, :func:`outbox_table` defines two small tables the
-relay coordinates through: ``<name>_lanes`` (one lease per key-hash lane) and
-``<name>_relays`` (live relay instances, so lanes can be shared out fairly). The
-schema also needs a trigger that notifies :func:`notify_channel` on insert; the
+Besides the outbox ``name`` itself, :func:`outbox_table` defines three small tables the
+relay coordinates through: ``<name>_lanes`` (one lease per key-hash lane),
+``<name>_relays`` (live relay instances, so lanes can be shared out fairly) and
+``<name>_listeners`` (the idle relays listening for inserts). The schema also needs a
+trigger that notifies :func:`notify_channel` on insert while a relay listens; the
 service's migration creates it (see ``outbox_relay/README.md``).
 """
 
@@ -58,6 +59,11 @@ def relays_table_name(name: str) -> str:
     return f"{name}_relays"
 
 
+def listeners_table_name(name: str) -> str:
+    """The table of outbox ``name``'s relays that listen for inserts (idle ones)."""
+    return f"{name}_listeners"
+
+
 def notify_channel(name: str) -> str:
     """The LISTEN/NOTIFY channel the insert trigger of outbox ``name`` signals."""
     return f"{name}_inserted"
@@ -81,6 +87,14 @@ def outbox_table(metadata: MetaData, name: str = "outbox", lanes: int = DEFAULT_
         Column("relay_id", Text, primary_key=True),
         Column("heartbeat_at", DateTime(timezone=True), nullable=False),
         Column("expires_at", DateTime(timezone=True), nullable=False),
+    )
+    # An idle relay's row, renewed while it listens and deleted when it stops: the
+    # insert trigger notifies only while one is here (outbox_relay.wakeup).
+    Table(
+        listeners_table_name(name),
+        metadata,
+        Column("relay_id", Text, primary_key=True),
+        Column("until", DateTime(timezone=True), nullable=False),
     )
     return Table(
         name,

@@ -237,6 +237,10 @@ async def test_a_batch_of_claims_wakes_no_relay(sessions: Sessions, database_url
     claimed = await insert_call(sessions, "authorized", cap_id="bm-wake")
     done = await insert_call(sessions, "dispatching", cap_id="bm-wake")
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as listener:
+        # As an idle relay does: writers notify only while one listens.
+        await listener.execute(
+            "INSERT INTO outbox_listeners VALUES ('test', now() + interval '1 minute')"
+        )
         await listener.execute(f"LISTEN {notify_channel('outbox')}")
         for call, expected, target, event_type in (
             (claimed, S.AUTHORIZED, S.DISPATCHING, EventType.TOOL_CALL_DISPATCHING),
