@@ -7,7 +7,8 @@ relay and consumer.
 Printed per writer: the offered and achieved rates (committed calls over the time from
 the first call's scheduled start to the last commit), p50 and p99 from a call's
 scheduled start to its dispatch command's arrival at the consumer (an open loop: a
-producer that falls behind shows it as latency), and CPU per call of the producer, the
+producer that falls behind shows it as latency), the p99 to its commit alone (the
+producer's and PostgreSQL's share of it), and CPU per call of the producer, the
 relay and PostgreSQL. Each writer runs on a fresh database and a fresh broker (Tansu
 slows as its partitions grow). Run it as::
 
@@ -53,14 +54,16 @@ class Round:
     offered: float
     achieved: float = 0.0
     latencies: list[float] = field(default_factory=list)
+    commits: list[float] = field(default_factory=list)
+    """Each call's scheduled start to its commit: the producer's share of its latency."""
     cpu_us: dict[str, float] = field(default_factory=dict)
     lost: int = 0
     busy: float = 0.0
     """Cores the rest of the machine kept busy meanwhile (this process, the consumer,
     is part of it)."""
 
-    def pct(self, q: float) -> float:
-        values = sorted(self.latencies)
+    def pct(self, q: float, of: list[float] | None = None) -> float:
+        values = sorted(self.latencies if of is None else of)
         return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
@@ -147,6 +150,7 @@ async def one_round(url: str, writer: str, args: argparse.Namespace, home: Path)
     last = max(c for _, c in calls.values())
     found.achieved = len(calls) / max(args.seconds, last - first)
     found.latencies = [arrived[c] - calls[c][0] for c in calls if c in arrived]
+    found.commits = [committed - scheduled for scheduled, committed in calls.values()]
     found.lost = len(calls) - len(found.latencies)
     n = len(calls) or 1
     found.cpu_us = {
@@ -162,13 +166,15 @@ def report(rounds: list[Round], markdown: bool) -> str:
     rows = [
         [
             r.writer, f"{r.offered:.0f}", f"{r.achieved:.0f}", f"{r.achieved / r.offered:.2f}",
-            f"{r.pct(0.5) * 1000:.1f}", f"{r.pct(0.99) * 1000:.1f}", str(r.lost),
+            f"{r.pct(0.5) * 1000:.1f}", f"{r.pct(0.99) * 1000:.1f}",
+            f"{r.pct(0.99, r.commits) * 1000:.1f}", str(r.lost),
             f"{r.cpu_us['producer']:.0f}", f"{r.cpu_us['relay']:.0f}",
             f"{r.cpu_us['broker']:.0f}", f"{r.cpu_us['postgres']:.0f}", f"{r.busy:.2f}",
         ]
         for r in rounds
     ]  # fmt: skip
-    header = ["writer", "offered/s", "achieved/s", "ratio", "p50 ms", "p99 ms", "lost",
+    header = ["writer", "offered/s", "achieved/s", "ratio", "p50 ms", "p99 ms",
+              "p99 to commit ms", "lost",
               "producer µs/call", "relay µs/call", "broker µs/call", "postgres µs/call",
               "rest of machine, cores"]  # fmt: skip
     return render_table(rows, header, markdown=markdown)
