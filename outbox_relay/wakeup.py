@@ -3,7 +3,7 @@ commits instead of at its next poll.
 
 The notification is only a hint: the relay still reads the table, and polls anyway,
 so a notification lost while this connection was down costs at most one poll
-interval. After every (re)connect it wakes the relay once for the same reason.
+interval. After every (re)connect it wakes the relay, as when listening starts (below).
 
 Only an idle relay listens, and only while one listens do writers notify. One that is
 reading a stream of commits reads again every ``read_interval`` anyway, and a
