@@ -5,14 +5,15 @@
 batch's bookkeeping a handful of round trips. Here the target travels with each call
 in the per-call JSON (:func:`dispatcher.ledger.transitions.per_call_values`), every
 column a target writes is a ``CASE`` on the call's target, and a column its target does
-not write keeps its value. The events (and their outbox rows) are built beforehand,
-one for each status a call may end in, and travel in the same statement, which
-inserts only those of the status the UPDATE gave each row it moved: the batch is one
-round trip, whatever the mix of targets.
+not write keeps its value. Each call's event (and its outbox row) is built beforehand
+for its own target and travels in the same statement, which inserts the events of the
+rows the UPDATE moved: the batch is one round trip, whatever the mix of targets. A
+diverted call's event is its target's, retyped in the statement (:func:`_retyped`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,15 +159,10 @@ async def move_each(
     # Sorted, so concurrent batches lock shared rows in one order and cannot deadlock.
     ordered = sorted(moves, key=lambda r: r.move.key)
     moved = _update(ordered, expected, routes, lease_owner, fields or {}, divert).cte("moved")
-    # The event of each status a call may end in, written before the move is known:
-    # the statement keeps the one of the status the UPDATE gave the row, and none of a
-    # call it skipped.
-    candidates = [
-        event
-        for routed in ordered
-        for event in _candidates(routed, expected, routes, divert, producer)
-    ]
-    statement = _recorded(moved, candidates, topics)
+    # Each call's event, written before the move is known: the statement keeps those of
+    # the calls it moved, retyped where it diverted one, and none of a call it skipped.
+    candidates = [_candidate(routed, expected, routes, producer) for routed in ordered]
+    statement = _recorded(moved, candidates, topics, _retyped(routes, divert))
     tally = summaries.pending(session)
     if tally is None:
         statement = statement.add_cte(summaries.counted(moved, [expected], routes))
@@ -176,8 +172,11 @@ async def move_each(
             tally.move(r.tenant, r.run_id, expected.value, r.status)
     capability = {r.move.key: r.context.capability_id for r in ordered}
     count_moves([expected], [(r.status, capability[(r.tenant, r.tool_call_id)]) for r in rows])
-    chosen = {(e["tenant"], e["tool_call_id"], e["payload"]["to"]): e for e in candidates}
-    result = [Moved(row, chosen[(row.tenant, row.tool_call_id, row.status)]) for row in rows]
+    chosen = {(e["tenant"], e["tool_call_id"]): e for e in candidates}
+    result = [
+        Moved(row, _as_moved(chosen[(row.tenant, row.tool_call_id)], row.status, routes))
+        for row in rows
+    ]
     log_moves([expected], result)
     return result
 
@@ -222,52 +221,73 @@ def _update(
     return stmt.returning(*RETURNED)
 
 
-def _candidates(
+def _candidate(
     routed: RoutedMove,
     expected: ExecutionStatus,
     routes: Mapping[ExecutionStatus, Route],
-    divert: Divert | None,
     producer: Producer,
-) -> list[dict[str, Any]]:
-    """The event of the call's own target, and of the divert's when it may apply."""
-    targets = [routed.target]
-    if divert is not None and routed.target is divert.source:
-        targets.append(divert.target)
-    return [
-        event_row(
-            routes[target].event_type,
-            routed.context,
-            producer=producer,
-            payload={"from": [expected.value], "to": target.value, **routed.move.payload},
-        )
-        for target in targets
-    ]
+) -> dict[str, Any]:
+    """The event of the call's own target."""
+    return event_row(
+        routes[routed.target].event_type,
+        routed.context,
+        producer=producer,
+        payload={"from": [expected.value], "to": routed.target.value, **routed.move.payload},
+    )
 
 
-def _recorded(moved: CTE, candidates: Sequence[Mapping[str, Any]], topics: Topics) -> Select[Any]:
-    """The moved calls, with the events of the status each was moved to and their
-    outbox rows inserted, as one statement: PostgreSQL runs every data-modifying CTE
-    to completion whether or not the main SELECT reads it. Each message is built from
-    its event in the statement (:func:`dispatcher.ledger.events.envelope_sql`); an event
-    of a log-only type (:data:`dispatcher.ledger.events.LOG_ONLY`) gets none."""
+def _as_moved(
+    event: Mapping[str, Any], status: str, routes: Mapping[ExecutionStatus, Route]
+) -> Mapping[str, Any]:
+    """``event`` as the statement recorded it for a call moved to ``status``: retyped
+    when a divert moved the call elsewhere than its target (:func:`_retyped`)."""
+    if event["payload"]["to"] == status:
+        return event
+    route = routes[ExecutionStatus(status)]
+    return {
+        **event,
+        "event_type": route.event_type.value,
+        "payload": {**event["payload"], "to": status},
+    }
+
+
+def _retyped(
+    routes: Mapping[ExecutionStatus, Route], divert: Divert | None
+) -> tuple[str, str] | None:
+    """The divert's target status and its event type, as SQL constants: a diverted
+    call's event is its target's with these instead. Its event id and the rest stay:
+    the call has one event either way, so sending one candidate per call halves what
+    the statement parses and joins (each completed call carried its divert's too)."""
+    if divert is None:
+        return None
+    return (divert.target.value, routes[divert.target].event_type.value)
+
+
+def _recorded(
+    moved: CTE,
+    candidates: Sequence[Mapping[str, Any]],
+    topics: Topics,
+    retyped: tuple[str, str] | None,
+) -> Select[Any]:
+    """The moved calls, with their events and their outbox rows inserted, as one
+    statement: PostgreSQL runs every data-modifying CTE to completion whether or not
+    the main SELECT reads it. Each message is built from its event in the statement
+    (:func:`dispatcher.ledger.events.envelope_sql`); an event of a log-only type
+    (:data:`dispatcher.ledger.events.LOG_ONLY`) gets none."""
     events = [
         {**c, "occurred_at": iso, "occurred": iso, "to_status": c["payload"]["to"], "ord": i}
         for i, c in enumerate(candidates)
         for iso in (c["occurred_at"].isoformat(),)
     ]
     e = _recordset("events", events, ("to_status", "occurred"))
-    # The events of the statuses the calls were moved to; read twice (the events, then
-    # their messages), so PostgreSQL materializes it once.
+    # The events of the moved calls; read twice (the events, then their messages), so
+    # PostgreSQL materializes it once.
     chosen = (
-        select(e)
+        select(*_as_recorded(e, moved, retyped))
         .join_from(
             e,
             moved,
-            and_(
-                moved.c.tenant == e.c.tenant,
-                moved.c.tool_call_id == e.c.tool_call_id,
-                moved.c.status == e.c.to_status,
-            ),
+            and_(moved.c.tenant == e.c.tenant, moved.c.tool_call_id == e.c.tool_call_id),
         )
         .cte("chosen")
     )
@@ -289,6 +309,28 @@ def _recorded(moved: CTE, candidates: Sequence[Mapping[str, Any]], topics: Topic
         .order_by(chosen.c.ord),
     )
     return select(moved).add_cte(inserted.cte("recorded")).add_cte(published.cte("published"))
+
+
+def _as_recorded(
+    e: TableValuedAlias, moved: CTE, retyped: tuple[str, str] | None
+) -> list[ColumnElement[Any]]:
+    """The candidates' columns, with a diverted call's event retyped: only a divert
+    moves a call elsewhere than its target, and always to the divert's target."""
+    if retyped is None:
+        return list(e.c)
+    status, event_type = retyped
+    diverted = moved.c.status != e.c.to_status
+    to = literal_column(f"'{json.dumps(status)}'::jsonb", JSONB)
+    return [
+        case((diverted, literal_column(f"'{event_type}'", Text)), else_=c).label(c.name)
+        if c.name == "event_type"
+        else case(
+            (diverted, func.jsonb_set(c, literal_column("'{to}'::text[]"), to)), else_=c
+        ).label(c.name)
+        if c.name == "payload"
+        else c
+        for c in e.c
+    ]
 
 
 def _recordset(name: str, rows: list[dict[str, Any]], texts: Sequence[str]) -> TableValuedAlias:

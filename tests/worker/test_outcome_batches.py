@@ -7,6 +7,7 @@ waits for the row (counted as psycopg executes them, on a real PostgreSQL)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -56,6 +57,29 @@ def statements(engine: AsyncEngine) -> Iterator[list[str]]:
         event.remove(engine.sync_engine, "before_cursor_execute", count)
 
 
+async def last_message(sessions: Sessions, call: str) -> dict[str, Any]:
+    """The payload of the call's latest event message."""
+    async with sessions() as session:
+        payload: dict[str, Any] = await session.scalar(
+            select(outbox.c.payload)
+            .where(outbox.c.payload["toolCallId"].astext == call)
+            .order_by(outbox.c.id.desc())
+            .limit(1)
+        )
+    return payload
+
+
+async def last_event_id(sessions: Sessions, call: str) -> str:
+    async with sessions() as session:
+        event_id: str = await session.scalar(
+            select(execution_events.c.event_id)
+            .where(execution_events.c.tool_call_id == call)
+            .order_by(execution_events.c.seq.desc())
+            .limit(1)
+        )
+    return event_id
+
+
 async def rows_of(sessions: Sessions, calls: list[str]) -> tuple[int, int]:
     """Published events (all but ``LOG_ONLY``'s) and event messages of ``calls``."""
     async with sessions() as session:
@@ -79,7 +103,11 @@ async def rows_of(sessions: Sessions, calls: list[str]) -> tuple[int, int]:
 
 
 async def test_a_mixed_batch_is_recorded_in_one_statement_one_event_per_call(
-    engine: AsyncEngine, sessions: Sessions, registry: CapabilityRegistry, http: Transport
+    engine: AsyncEngine,
+    sessions: Sessions,
+    registry: CapabilityRegistry,
+    http: Transport,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     calls = [
         await submit_call(sessions, registry, "refund", {"n": i}, key=f"k-{i}") for i in range(7)
@@ -115,7 +143,10 @@ async def test_a_mixed_batch_is_recorded_in_one_statement_one_event_per_call(
     }
     before = {call: await event_types(sessions, call) for call in calls}
 
-    with statements(engine) as sent:
+    with (
+        statements(engine) as sent,
+        caplog.at_level(logging.INFO, logger="tool_dispatcher.transitions"),
+    ):
         recorded = await worker.record_many([Sent(claims[c], answers[c]) for c in calls])
 
     # One round trip: the fenced UPDATE, its events and their outbox rows.
@@ -139,6 +170,14 @@ async def test_a_mixed_batch_is_recorded_in_one_statement_one_event_per_call(
         (new,) = (await event_payloads(sessions, call))[len(before[call]) :]
         assert (new["from"], new["to"]) == (["dispatching"], status)
         assert (new["worker"], new["claimVersion"]) == ("worker-a", claims[call].version)
+        # The event and its message are of the status recorded, the diverted call's too.
+        assert (await event_types(sessions, call))[-1] == f"tool.call.{status}"
+        message = await last_message(sessions, call)
+        assert message["eventType"] == f"tool.call.{status}"
+        assert message["payload"]["to"] == status
+        assert message["eventId"] == await last_event_id(sessions, call)
+        (line,) = [r for r in caplog.records if getattr(r, "tool_call_id", None) == call]
+        assert line.to == status
     # Exactly one event and one outbox row per recorded call; none for the stale one.
     counted = await rows_of(sessions, moved)
     published_before = sum(t not in LOG_ONLY for c in moved for t in before[c])
