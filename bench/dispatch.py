@@ -53,7 +53,7 @@ from bench.cpu import (
     with_children,
 )
 from bench.dispatch_rounds import median_ratios, schedule
-from bench.harness import render_table, service_env, start_python
+from bench.harness import render_table, service_env, start_python, stop_process
 from bench.intake import wait_quiet
 from bench.sandbox import measure, start_sandbox
 from devtools.databases import create_database, drop_database, unique_name
@@ -182,10 +182,13 @@ async def run_round(run: Run, name: str, argv: list[list[str]], n: int, tag: str
         await run.poll.wait_for(unpublished, 0)
     finally:
         samples = sampler.stop()
+        # A process that ended during the round is named, not hidden behind the
+        # ProcessLookupError its SIGTERM would raise.
+        early = [(p.pid, p.returncode) for p in procs if p.returncode is not None]
         for p in procs:
-            p.terminate()
-        for p in procs:
-            await p.wait()
+            await stop_process(p)
+    if early:
+        raise RuntimeError(f"{name}: (pid, exit code) ended during the round: {early}")
     first, last = map(
         float,
         run.poll.row(
