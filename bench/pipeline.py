@@ -116,7 +116,7 @@ async def one_round(url: str, writer: str, args: argparse.Namespace, home: Path)
         producer = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench.pipeline_producer", "--database-url", url,
             "--mode", writer, "--rate", str(args.rate), "--seconds", str(args.seconds),
-            "--out", str(out),
+            "--out", str(out), *(["--frozen-heap"] if args.frozen_heap else []),
         )  # fmt: skip
         pids = {relay.pid: "relay", producer.pid: "producer", broker.pid: "broker"}
         named = {pid: role for pid, role in pids.items() if pid is not None}
@@ -205,7 +205,8 @@ async def main_async(args: argparse.Namespace) -> int:
     dbs = ScratchDatabases(args.database_url)
     dbs.create_template()
     rounds: list[Round] = []
-    print(f"pipeline: {args.rate:g} calls/s offered for {args.seconds:g} s, open loop", flush=True)
+    heaps = ", every writer's heap frozen (kit.heap)" if args.frozen_heap else ""
+    print(f"pipeline: {args.rate:g} calls/s offered for {args.seconds:g} s, open loop{heaps}")
     try:
         with tempfile.TemporaryDirectory(prefix="td-pipeline-") as tmp:
             for n in range(args.rounds):
@@ -232,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--read-interval", type=float, default=None,
         help="the relay's --read-interval (default: the relay's own)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--frozen-heap", action="store_true",
+        help="every writer prepares its heap as the service's processes do (kit.heap)",
     )  # fmt: skip
     parser.add_argument(
         "--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres",

@@ -33,6 +33,7 @@ from dispatcher.db.engine import session_factory
 from dispatcher.intake.service import submit
 from dispatcher.schemas import SubmitRequest
 from dispatcher.settings import DEFAULT_TOPICS
+from kit.heap import prepare_service_heap
 
 POOL = 32
 
@@ -143,7 +144,11 @@ def main() -> int:
     parser.add_argument("--rate", type=float, required=True)
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--frozen-heap", action="store_true")
     args = parser.parse_args()
+    if args.frozen_heap:
+        # After the imports, before the loop: what a producer application can do.
+        prepare_service_heap()
     # On uvloop, as the service's own processes run (dispatcher.runtime).
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         found = runner.run(run(args.database_url, args.mode, args.rate, args.seconds))
