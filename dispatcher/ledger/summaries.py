@@ -26,7 +26,7 @@ moved calls without counting): :func:`recount`.
 from __future__ import annotations
 
 import collections
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,11 +117,13 @@ async def execute_counted(
     sources: Sequence[ExecutionStatus],
     targets: Iterable[ExecutionStatus],
     candidates: Sequence[ColumnElement[bool]],
+    also: Callable[[CTE], CTE] | None = None,
 ) -> list[Row[Any]]:
     """Run ``stmt``, an UPDATE of ``tool_calls`` that moves calls out of ``sources``
     into ``targets``, with its moves counted (:func:`counted`, or the open
     :func:`deferred` block's tally); ``returning`` of each moved row, and ``came_from``
-    when there are several sources.
+    when there are several sources. ``also``: a data-modifying CTE over the moved rows
+    that the same statement runs (their events).
 
     An UPDATE's RETURNING sees only the new row, so with several sources the rows are
     first locked, in key order, to read the status each leaves (``candidates`` select
@@ -147,6 +149,8 @@ async def execute_counted(
     tally = pending(session)
     if tally is None:
         query = query.add_cte(counted(moved, sources, targets))
+    if also is not None:
+        query = query.add_cte(also(moved))
     rows = list((await session.execute(query)).all())
     if tally is not None:
         for r in rows:

@@ -48,6 +48,7 @@ from dispatcher.ledger.events import (
     event_row,
     record_events,
 )
+from dispatcher.ledger.logged import Logged, PayloadSql
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.summaries import execute_counted
 from dispatcher.logs import TRANSITIONS_LOGGER
@@ -310,18 +311,20 @@ async def move_many(
     topics: Topics = DEFAULT_TOPICS,
     causation_id: str | None = None,
     with_input: bool = False,
+    payload_sql: PayloadSql | None = None,
 ) -> list[Moved]:
-    """:func:`move` for many calls in three statements, whatever their number: one
-    conditional UPDATE (each row fenced by status, ``lease_owner`` unless None, its own
-    version unless None, and ``where``), one INSERT of events, one of outbox rows (none
-    for an event of :data:`~dispatcher.ledger.events.LOG_ONLY`, a claim's).
+    """:func:`move` for many calls, whatever their number: one conditional UPDATE (each
+    row fenced by status, ``lease_owner`` unless None, its own version unless None, and
+    ``where``), then one statement for the events and their outbox rows (none for an
+    event of :data:`~dispatcher.ledger.events.LOG_ONLY`); with ``payload_sql``, the
+    UPDATE's own statement writes the events (:mod:`dispatcher.ledger.logged`).
 
     Every move must carry the same ``values`` keys. A call that no longer matches its
     fence is skipped rather than failing the batch: its row is simply missing from
     the result, and the caller treats it as taken over. ``row_payload`` adds to each
-    event's payload what only the moved row tells. Each moved call comes back with its
-    event. ``causation_id`` is every event's cause (a bulk operation's id), if any.
-    ``with_input``: each moved row also holds the call's input (what a claim sends).
+    event's payload what only the moved row tells (``payload_sql``: the same in SQL).
+    Each moved call comes back with its event. ``causation_id`` is every event's cause,
+    if any. ``with_input``: each moved row also holds the call's input (a claim's).
     """
     if not moves:
         return []
@@ -331,30 +334,27 @@ async def move_many(
     # Sorted, so concurrent batches lock shared rows in one order and cannot deadlock.
     ordered = sorted(moves, key=lambda m: m.key)
     keys = keys_of(ordered)
-    stmt = (
-        update(tool_calls)
-        .where(keys, tool_calls.c.status.in_([s.value for s in sources]), *where)
-        .values(
-            status=target.value,
-            version=tool_calls.c.version + 1,
-            updated_at=func.now(),
-            **dict(fields or {}),
-        )
+    stmt = _bulk_update(ordered, keys, sources, target, fields or {}, where, lease_owner)
+    came_from = [s.value for s in sources]
+    logged = payload_sql and Logged.of(
+        moves, event_type, producer, came_from, target, payload_sql, causation_id
     )
-    stmt = _per_call(stmt, ordered)  # the exact calls: keys_of names a superset
-    if lease_owner is not None:
-        stmt = stmt.where(tool_calls.c.lease_owner == lease_owner)
+    returning = [*MOVED_COLUMNS, *([tool_calls.c.input] if with_input else [])]
     moved = await execute_counted(
         session,
         stmt,
-        returning=[*MOVED_COLUMNS, tool_calls.c.input] if with_input else MOVED_COLUMNS,
+        returning=[*returning, *Logged.RETURNED] if logged else returning,
         sources=sources,
         targets=[target],
         candidates=[keys, *where],
+        also=logged.inserted if logged else None,
     )
     count_moves(sources, [(row.status, row.capability_id) for row in moved])
+    if logged:
+        result = [Moved(row, logged.event(row, row_payload)) for row in moved]
+        log_moves(sources, result)
+        return result
     by_key = {m.key: m for m in moves}
-    came_from = [s.value for s in sources]
     events = [
         event_row(
             event_type,
@@ -374,3 +374,22 @@ async def move_many(
     result = [Moved(row, event) for row, event in zip(moved, events, strict=True)]
     log_moves(sources, result)
     return result
+
+
+def _bulk_update(
+    ordered: Sequence[BulkMove],
+    keys: ColumnElement[bool],
+    sources: Sequence[ExecutionStatus],
+    target: ExecutionStatus,
+    fields: Mapping[str, Any],
+    where: Sequence[ColumnElement[bool]],
+    lease_owner: str | None,
+) -> Update:
+    """:func:`move_many`'s conditional UPDATE of the calls ``ordered`` names."""
+    moved = {"status": target.value, "version": tool_calls.c.version + 1, "updated_at": func.now()}
+    stmt = update(tool_calls).values(**moved, **dict(fields))
+    stmt = stmt.where(keys, tool_calls.c.status.in_([s.value for s in sources]), *where)
+    stmt = _per_call(stmt, ordered)  # the exact calls: keys_of names a superset
+    if lease_owner is not None:
+        stmt = stmt.where(tool_calls.c.lease_owner == lease_owner)
+    return stmt

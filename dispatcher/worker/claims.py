@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from dispatcher.capabilities import Capability
 from dispatcher.db.tables import tool_calls
 from dispatcher.ledger.breakers import BREAKER_VIA
-from dispatcher.ledger.events import CallContext, EventType
+from dispatcher.ledger.events import CallContext, EventType, is_published
 from dispatcher.ledger.leases import take_lease
 from dispatcher.ledger.messages import Producer
 from dispatcher.ledger.pauses import not_paused
@@ -164,6 +164,16 @@ async def claim_calls(
             "worker": owner,
             "claimVersion": row["version"],
             "leaseSeconds": leases[row["capability_id"]],
+        },
+        # The same, for the statement that writes the events of a claim, which are in
+        # the log only; a re-send's are published, and built in Python.
+        payload_sql=None
+        if is_published(event_type.value) or any(m.payload for m in moves)
+        else lambda moved: {
+            "worker": cast(bindparam("claim_owner", owner, type_=Text), Text),
+            "claimVersion": moved.c.version,
+            # The number as the parameter holds it (60.0), as Python's JSON writes it.
+            "leaseSeconds": leased.op("->", return_type=JSONB)(moved.c.capability_id),
         },
     )
     return [
