@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
-from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from devtools.registries import capability, registry_of
@@ -29,6 +26,7 @@ from dispatcher.states import ExecutionStatus as S
 from dispatcher.worker.executor import Executor
 from tests.fixtures.calls import submit_call
 from tests.fixtures.rows import call_row, events_of
+from tests.fixtures.statements import statements
 
 pytestmark = pytest.mark.postgres
 
@@ -54,20 +52,6 @@ async def executor(sessions: Sessions, registry: CapabilityRegistry) -> AsyncIte
             topics=DEFAULT_TOPICS,
             min_lease_seconds=LEASE,
         )
-
-
-@contextmanager
-def statements(engine: AsyncEngine) -> Iterator[list[str]]:
-    sent: list[str] = []
-
-    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        sent.append(statement)
-
-    event.listen(engine.sync_engine, "before_cursor_execute", count)
-    try:
-        yield sent
-    finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", count)
 
 
 async def test_a_batch_claim_writes_each_event_in_its_statement_as_python_would(

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, select, text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from devtools.registries import capability, registry_of
@@ -31,6 +29,7 @@ from dispatcher.worker.executor import Executor
 from dispatcher.worker.outcomes import Sent
 from tests.fixtures.calls import submit_call
 from tests.fixtures.rows import call_row, event_payloads, event_types
+from tests.fixtures.statements import statements
 
 pytestmark = pytest.mark.postgres
 
@@ -40,21 +39,6 @@ Sessions = async_sessionmaker[AsyncSession]
 @pytest.fixture
 def registry(sandbox: SandboxServer) -> CapabilityRegistry:
     return registry_of(capability("refund", sandbox.url))
-
-
-@contextmanager
-def statements(engine: AsyncEngine) -> Iterator[list[str]]:
-    """Every statement the engine sends while the block runs."""
-    sent: list[str] = []
-
-    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        sent.append(statement)
-
-    event.listen(engine.sync_engine, "before_cursor_execute", count)
-    try:
-        yield sent
-    finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", count)
 
 
 async def last_message(sessions: Sessions, call: str) -> dict[str, Any]:
