@@ -321,14 +321,12 @@ def _as_recorded(
     status, event_type = retyped
     diverted = moved.c.status != e.c.to_status
     to = literal_column(f"'{json.dumps(status)}'::jsonb", JSONB)
+    replaced = {
+        "event_type": literal_column(f"'{event_type}'", Text),
+        "payload": func.jsonb_set(e.c.payload, literal_column("'{to}'::text[]"), to),
+    }
     return [
-        case((diverted, literal_column(f"'{event_type}'", Text)), else_=c).label(c.name)
-        if c.name == "event_type"
-        else case(
-            (diverted, func.jsonb_set(c, literal_column("'{to}'::text[]"), to)), else_=c
-        ).label(c.name)
-        if c.name == "payload"
-        else c
+        case((diverted, replaced[c.name]), else_=c).label(c.name) if c.name in replaced else c
         for c in e.c
     ]
 
